@@ -1,0 +1,341 @@
+"""The exported graphs: thin torch wrappers around transformers' SAM 3 video modules.
+
+Each wrapper takes and returns plain tensors, so that ``torch.onnx.export`` sees a fixed signature.
+Boundaries follow the predictor that calls them (see ``sam3track/frame_loop.py``):
+
+- ``text_encoder``: once per distinct prompt.
+- ``backbone``: once per frame; one ViT trunk, one neck per consumer (detector, tracker); the 0.5x level
+  that no consumer reads is never built.
+- ``grounding_head``: once per frame for all K prompts.
+- ``propagation_decoder``: once per frame for all N tracked objects. Memory lives in device pools owned by
+  the runtime's memory bank; the graph gathers each object's entries by index and masks padding, so
+  objects with fewer entries give exactly what a one-object call gives.
+- ``memory_encoder``: once per frame (twice on frames that add objects, as the reference does).
+- ``mask_init``: turns new objects' detection masks into the tracker's first output (object pointer).
+
+Position encodings of fixed-size feature maps are constants of the checkpoint; they are folded into the
+graphs that use them instead of travelling between graphs every frame.
+"""
+
+from __future__ import annotations
+
+import types
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+NO_OBJ_SCORE = -1024.0  # what the tracker writes into masks of objects it thinks are absent
+
+def _resize_matrix(in_size: int, out_size: int) -> torch.Tensor:
+    """[out, in] matrix of torch's antialiased bilinear resize along one axis (it is a linear map)."""
+    eye = torch.eye(in_size, dtype=torch.float64).reshape(in_size, 1, in_size, 1)
+    cols = F.interpolate(eye, size=(out_size, 1), mode="bilinear", align_corners=False, antialias=True)
+    return cols.reshape(in_size, out_size).t().contiguous().float()
+
+
+def resize_antialiased(x: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
+    """The reference's ``F.interpolate(..., mode="bilinear", antialias=True)`` in exportable form.
+
+    ONNX export (dynamo=False) has no antialiased resize. Downsampling becomes two matrix products with
+    the separable weights torch itself uses; antialiased upsampling equals plain bilinear (measured:
+    < 5e-6 on unit-scale logits), so it becomes an ordinary Resize.
+    """
+    in_h, in_w = int(x.shape[-2]), int(x.shape[-1])
+    if size[0] >= in_h and size[1] >= in_w:
+        return F.interpolate(x, size=size, mode="bilinear", align_corners=False)
+    return _resize_matrix(in_h, size[0]) @ x @ _resize_matrix(in_w, size[1]).t()
+
+
+def sam_head(trk, pix_feat, high_res, multimask: bool, mask_prompt=None):
+    """The tracker's SAM prompt encoder + mask decoder for a batch of objects, one object per row.
+
+    Mirrors ``Sam3TrackerVideoModel._single_frame_forward`` with no points, whose best-mask selection
+    indexes with broadcast batch indices and is only correct for batch 1.
+    Returns low_res_masks [N, 1, L, L], iou_scores [N, M], object_score_logits [N, 1], pointer [N, C].
+    """
+    n = pix_feat.shape[0]
+    image_pos = trk.get_image_wide_positional_embeddings().expand(n, -1, -1, -1)
+    points = torch.zeros(n, 1, 1, 2, dtype=pix_feat.dtype)
+    labels = -torch.ones(n, 1, 1, dtype=torch.int32)
+    sparse, dense = trk.prompt_encoder(input_points=points, input_labels=labels, input_boxes=None,
+                                       input_masks=mask_prompt)
+    masks, iou, tokens, scores = trk.mask_decoder(
+        image_embeddings=pix_feat, image_positional_embeddings=image_pos, sparse_prompt_embeddings=sparse,
+        dense_prompt_embeddings=dense, multimask_output=multimask, high_resolution_features=high_res)
+    masks, iou, tokens, scores = masks[:, 0], iou[:, 0], tokens[:, 0], scores[:, 0]  # one prompt per object
+    appearing = scores > 0  # [N, 1]
+    masks = torch.where(appearing[:, :, None, None], masks, torch.full((), NO_OBJ_SCORE))
+    if multimask:
+        best = torch.argmax(iou, dim=-1)  # [N]
+        rows = torch.arange(n)
+        low_res, token = masks[rows, best][:, None], tokens[rows, best]
+    else:
+        low_res, token = masks[:, :1], tokens[:, 0]
+    pointer = trk.object_pointer_proj(token)
+    visible = appearing.to(pointer.dtype)
+    pointer = visible * pointer + (1 - visible) * trk.no_object_pointer
+    return low_res, iou, scores, pointer
+
+
+# ----------------------------------------------------------------------------------------------- text
+class TextEncoder(nn.Module):
+    """input_ids, attention_mask [M, T] -> text_features [M, T, D] (projected to the DETR width)."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.detector = model.detector_model
+
+    def forward(self, input_ids, attention_mask):
+        return self.detector.get_text_features(input_ids=input_ids, attention_mask=attention_mask).pooler_output
+
+
+# ------------------------------------------------------------------------------------------- backbone
+def _neck_levels(neck, spatial: torch.Tensor, count: int) -> list[torch.Tensor]:
+    return [layer(spatial) for layer in neck.fpn_layers[:count]]
+
+
+class Backbone(nn.Module):
+    """pixel_values [I, 3, S, S] -> the detector head (3 FPN levels) and the tracker head.
+
+    The tracker head is the tracker neck's first three levels with the SAM decoder's conv_s0/conv_s1
+    already applied to the two high-resolution levels (as the reference precomputes them).
+    """
+
+    DETECTOR_OUTPUTS = ("detector_fpn0", "detector_fpn1", "detector_fpn2")
+    TRACKER_OUTPUTS = ("tracker_feat_s0", "tracker_feat_s1", "tracker_feat")
+
+    def __init__(self, model):
+        super().__init__()
+        vision = model.detector_model.vision_encoder
+        self.trunk = vision.backbone
+        self.patch = vision.config.backbone_config.patch_size
+        self.detector_neck = vision.neck
+        self.tracker_neck = model.tracker_neck
+        self.conv_s0 = model.tracker_model.mask_decoder.conv_s0
+        self.conv_s1 = model.tracker_model.mask_decoder.conv_s1
+
+    def forward(self, pixel_values):
+        hidden = self.trunk(pixel_values).last_hidden_state
+        batch = hidden.shape[0]
+        h, w = pixel_values.shape[-2] // self.patch, pixel_values.shape[-1] // self.patch
+        spatial = hidden.view(batch, h, w, -1).permute(0, 3, 1, 2)
+        det = _neck_levels(self.detector_neck, spatial, 3)
+        trk = _neck_levels(self.tracker_neck, spatial, 3)
+        return (*det, self.conv_s0(trk[0]), self.conv_s1(trk[1]), trk[2])
+
+
+# ---------------------------------------------------------------------------------------- grounding
+class GroundingHead(nn.Module):
+    """One image's detector features + K prompts -> detections per prompt (output k is prompt k)."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.detector = model.detector_model
+        neck = self.detector.vision_encoder.neck
+        sizes = model.config.detector_config.vision_config.backbone_feature_sizes
+        c = model.config.detector_config.vision_config.fpn_hidden_size
+        self.pos = [neck.position_encoding((1, c, h, w), "cpu", torch.float32) for h, w in sizes]
+
+    def forward(self, detector_fpn0, detector_fpn1, detector_fpn2, text_features, text_mask):
+        from transformers.models.sam3.modeling_sam3 import Sam3VisionEncoderOutput
+
+        k = text_features.shape[0]
+        levels = [f.expand(k, -1, -1, -1) for f in (detector_fpn0, detector_fpn1, detector_fpn2)]
+        pos = [p.expand(k, -1, -1, -1) for p in self.pos]
+        # The detector drops the last FPN level itself; a placeholder keeps its indexing intact.
+        vision = Sam3VisionEncoderOutput(fpn_hidden_states=(*levels, None), fpn_position_encoding=(*pos, None))
+        text = types.SimpleNamespace(pooler_output=text_features)
+        out = self.detector(vision_embeds=vision, text_embeds=text, attention_mask=text_mask)
+        return out.pred_logits, out.presence_logits, out.pred_boxes, out.pred_masks
+
+
+# -------------------------------------------------------------------------------------- propagation
+def _key_padding_bias(valid: torch.Tensor) -> torch.Tensor:
+    """bool [N, L] -> additive attention bias [N, 1, 1, L]: 0 where valid, -inf where padding."""
+    zero = torch.zeros((), dtype=torch.float32)
+    ninf = torch.full((), float("-inf"), dtype=torch.float32)
+    return torch.where(valid, zero, ninf)[:, None, None, :]
+
+
+def _attend(q, k, v, bias=None, scale=1.0):
+    logits = torch.matmul(q, k.transpose(-1, -2)) * scale
+    if bias is not None:
+        logits = logits + bias
+    return torch.matmul(torch.softmax(logits, dim=-1), v)
+
+
+class PropagationDecoder(nn.Module):
+    """Memory attention + SAM mask decoder for N objects in one call.
+
+    Inputs (N objects, K memory frames, P object pointers, all padded; *_valid marks real entries):
+      tracker_feat_s0/_s1/tracker_feat [1, C*, H*, W*]: the current frame's tracker head.
+      memory_pool [Sm, HW, Cm]: spatial memories (stored bf16-rounded, as the reference stores them).
+      memory_index [N, K] int64: rows of memory_pool for each object.
+      memory_slot [N, K] int64: temporal slot of each memory (index into the temporal encodings; the
+        reference uses slot num_maskmem-1 for conditioning frames and t-1 for a frame t steps away).
+      memory_valid [N, K] bool.
+      pointer_pool [Sp, C]: object pointers. pointer_index [N, P] int64, pointer_valid [N, P] bool.
+      pointer_offset [N, P] float32: signed frame distance divided by (max pointers used - 1).
+    Outputs: low_res_masks [N, 1, L, L], iou_scores [N, M], object_score_logits [N, 1],
+      object_pointer [N, C].
+    """
+
+    def __init__(self, model):
+        super().__init__()
+        trk = model.tracker_model
+        self.trk = trk
+        self.attn = trk.memory_attention
+        h, w = trk.backbone_feature_sizes[-1]
+        self.hw = (h, w)
+        self.c = trk.hidden_dim
+        self.mem_dim = trk.mem_dim
+        neck = model.tracker_neck
+        self.vision_pos = neck.position_encoding((1, self.c, h, w), "cpu", torch.float32).flatten(2)[0].t()
+        mem_pos = trk.memory_encoder.position_encoding((1, self.mem_dim, h, w), "cpu", torch.float32)
+        self.memory_pos = mem_pos.flatten(2)[0].t()  # [HW, Cm], identical for every memory
+        self.multimask = trk._use_multimask(False, None)
+        self.temporal_pointer_pe = trk.config.enable_temporal_pos_encoding_for_object_pointers
+
+    def _pointer_tokens(self, pointers, offsets):
+        """[N, P, C] pointers -> [N, P*C/Cm, Cm] tokens and their positional encodings (no RoPE)."""
+        from transformers.models.sam3_tracker_video.modeling_sam3_tracker_video import get_1d_sine_pe
+
+        n, p, c = pointers.shape
+        if self.temporal_pointer_pe:
+            pos = self.trk.temporal_positional_encoding_projection_layer(get_1d_sine_pe(offsets, dim=c))
+        else:
+            pos = torch.zeros(n, p, self.mem_dim, dtype=pointers.dtype)
+        splits = c // self.mem_dim
+        if splits > 1:
+            pointers = pointers.reshape(n, p * splits, self.mem_dim)
+            pos = pos.repeat_interleave(splits, dim=1)
+        return pointers, pos, splits
+
+    def _memory_attention(self, current, memory, memory_pos, bias, num_spatial):
+        """Batched copy of Sam3TrackerVideoMemoryAttention.forward with a key padding mask."""
+        attn = self.attn
+        cos, sin = attn.rotary_emb(current, attn.position_ids)
+        output = current + 0.1 * self.vision_pos
+        repeats = num_spatial // current.shape[1]
+        for layer in attn.layers:
+            q_in = layer.layer_norm1(output)
+            output = output + self._rope_attention(layer.self_attn, q_in, q_in, q_in, cos, sin, None, 1)
+            q_in = layer.layer_norm2(output)
+            output = output + self._rope_attention(
+                layer.cross_attn_image, q_in, memory + memory_pos, memory, cos, sin, bias, repeats
+            )
+            q_in = layer.layer_norm3(output)
+            output = output + layer.linear2(layer.activation(layer.linear1(q_in)))
+        return attn.layer_norm(output)
+
+    @staticmethod
+    def _rope_attention(module, query, key, value, cos, sin, bias, key_repeats):
+        from transformers.models.sam3_tracker_video.modeling_sam3_tracker_video import rotate_pairwise
+
+        n = query.shape[0]
+        heads, head_dim = module.num_attention_heads, module.head_dim
+        q = module.q_proj(query).view(n, -1, heads, head_dim).transpose(1, 2)
+        k = module.k_proj(key).view(n, -1, heads, head_dim).transpose(1, 2)
+        v = module.v_proj(value).view(n, -1, heads, head_dim).transpose(1, 2)
+        q = q * cos + rotate_pairwise(q) * sin
+        num_rope = cos.shape[-2] * key_repeats  # spatial keys; pointer tokens after them get no RoPE
+        k_rot, k_pass = k[:, :, :num_rope], k[:, :, num_rope:]
+        cos_k, sin_k = cos.repeat(1, 1, key_repeats, 1), sin.repeat(1, 1, key_repeats, 1)
+        k = torch.cat([k_rot * cos_k + rotate_pairwise(k_rot) * sin_k, k_pass], dim=2)
+        out = _attend(q, k, v, bias, module.scaling)
+        return module.o_proj(out.transpose(1, 2).reshape(n, -1, heads * head_dim))
+
+    def forward(self, tracker_feat_s0, tracker_feat_s1, tracker_feat, memory_pool, memory_index, memory_slot,
+                memory_valid, pointer_pool, pointer_index, pointer_offset, pointer_valid):
+        n, k = memory_index.shape
+        h, w = self.hw
+        hw = h * w
+        current = tracker_feat.flatten(2).transpose(1, 2).expand(n, -1, -1)  # [N, HW, C]
+
+        memory = memory_pool[memory_index.reshape(-1)].reshape(n, k * hw, self.mem_dim)
+        temporal = self.trk.memory_temporal_positional_encoding.reshape(-1, self.mem_dim)[memory_slot]
+        memory_pos = (self.memory_pos[None, None] + temporal[:, :, None, :]).reshape(n, k * hw, self.mem_dim)
+        pointers = pointer_pool[pointer_index]  # [N, P, C]
+        ptr_tokens, ptr_pos, splits = self._pointer_tokens(pointers, pointer_offset)
+        keys = torch.cat([memory, ptr_tokens], dim=1)
+        keys_pos = torch.cat([memory_pos, ptr_pos], dim=1)
+        valid = torch.cat(
+            [memory_valid.repeat_interleave(hw, dim=1), pointer_valid.repeat_interleave(splits, dim=1)], dim=1
+        )
+        fused = self._memory_attention(current, keys, keys_pos, _key_padding_bias(valid), k * hw)
+        pix_feat = fused.transpose(1, 2).reshape(n, self.c, h, w)
+
+        high_res = [tracker_feat_s0.expand(n, -1, -1, -1), tracker_feat_s1.expand(n, -1, -1, -1)]
+        return sam_head(self.trk, pix_feat, high_res, self.multimask)
+
+
+# ------------------------------------------------------------------------------------------- memory
+class MemoryEncoder(nn.Module):
+    """Current tracker features + N mask logits -> N spatial memories [N, HW, Cm].
+
+    mask_logits [N, 1, L, L] are low-resolution logits. Per object, `binarize` picks the reference's
+    path: False (memory of a tracked frame) -> sigmoid of the logits resized to the memory size;
+    True (objects re-encoded on a frame that adds objects) -> logits upsampled to the image size,
+    thresholded at 0, then resized. object_score_logits [N, 1] > 0 marks the object as visible.
+    The result is rounded to bfloat16, as the reference stores it.
+    """
+
+    def __init__(self, model):
+        super().__init__()
+        trk = model.tracker_model
+        self.trk = trk
+        self.image_size = trk.image_size
+        mh, mw = trk.prompt_encoder.mask_input_size
+        self.memory_mask_size = (4 * mh, 4 * mw)
+
+    def forward(self, tracker_feat, mask_logits, object_score_logits, binarize):
+        n = mask_logits.shape[0]
+        trk = self.trk
+        soft = torch.sigmoid(F.interpolate(mask_logits, size=self.memory_mask_size, mode="bilinear",
+                                           align_corners=False))
+        image_res = F.interpolate(mask_logits, size=(self.image_size, self.image_size), mode="bilinear",
+                                  align_corners=False)
+        hard = F.interpolate((image_res > 0).to(mask_logits.dtype), size=self.memory_mask_size, mode="bilinear",
+                             align_corners=False)
+        mask_for_mem = torch.where(binarize[:, None, None, None], hard, soft)
+        mask_for_mem = mask_for_mem * trk.config.sigmoid_scale_for_mem_enc + trk.config.sigmoid_bias_for_mem_enc
+        features, _ = trk.memory_encoder(tracker_feat.expand(n, -1, -1, -1), mask_for_mem)
+        if trk.occlusion_spatial_embedding_parameter is not None:
+            absent = (object_score_logits <= 0).to(features.dtype)[..., None, None]  # [N, 1, 1, 1]
+            features = features + absent * trk.occlusion_spatial_embedding_parameter[..., None, None]
+        features = features.to(torch.bfloat16).to(torch.float32)
+        return features.flatten(2).transpose(1, 2)
+
+
+# ---------------------------------------------------------------------------------------- mask init
+class MaskInit(nn.Module):
+    """New objects from binary detection masks [N, 1, L, L] (the reference's `_use_mask_as_output`).
+
+    The mask itself becomes the output (logits -10 / +10); the SAM decoder, prompted with the
+    downsampled mask, only supplies the object pointer.
+    Outputs low_res_masks [N, 1, L, L], object_pointer [N, C], object_score_logits [N, 1].
+    """
+
+    def __init__(self, model):
+        super().__init__()
+        self.trk = model.tracker_model
+        self.image_size = self.trk.image_size
+        self.mask_size = tuple(self.trk.prompt_encoder.mask_input_size)
+        self.grid = self.trk.backbone_feature_sizes[-1][0]
+
+    def forward(self, tracker_feat, masks):
+        trk, n = self.trk, masks.shape[0]
+        image_res = resize_antialiased(masks, (self.image_size, self.image_size))
+        low_res = resize_antialiased(image_res * 20.0 - 10.0, self.mask_size)
+        mask_prompt = trk.mask_downsample(image_res)
+        if tuple(mask_prompt.shape[-2:]) != self.mask_size:
+            mask_prompt = resize_antialiased(mask_prompt, self.mask_size)
+        # The pointer comes from the decoder's tokens, which never see the high-resolution levels; zeros
+        # stand in for them so the graph needs only the last tracker level.
+        c = tracker_feat.shape[1]
+        s0, s1 = (torch.zeros(n, c // f, h, h) for f, h in ((8, 4 * self.grid), (4, 2 * self.grid)))
+        _, _, _, pointer = sam_head(trk, tracker_feat.expand(n, -1, -1, -1), [s0, s1], True, mask_prompt)
+        visible = (masks.flatten(1) > 0).any(dim=1, keepdim=True).to(pointer.dtype)  # [N, 1]
+        pointer = visible * pointer + (1 - visible) * trk.no_object_pointer
+        return low_res, pointer, visible * 20.0 - 10.0

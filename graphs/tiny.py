@@ -1,0 +1,143 @@
+"""A deterministic, small SAM 3 video checkpoint for tests and the demo bundle.
+
+The default init (std 0.02) gives activations ~1e-3 and near-constant detection scores, which makes
+parity checks weak and demo masks empty. We redraw every weight of rank >= 2 as N(0, 1/fan_in) so
+activations stay O(1) and scores depend on the image. The result is saved as an ordinary Hugging Face
+checkpoint directory (config, safetensors, tokenizer, preprocessor config), so the exporter loads it
+exactly like a real ``facebook/sam3`` snapshot.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+IMAGE_SIZE = 112  # a multiple of the 14 px patch: an 8 x 8 token grid
+PATCH = 14
+HIDDEN = 128  # FPN / DETR / tracker width
+# Words the tiny BPE merges whole, so common prompts are a few tokens like with the real CLIP vocab.
+_WORDS = (
+    "person people man woman child dog cat bird horse car bike bicycle motorbike bus truck boat ball "
+    "red blue green white black yellow shirt hat tree road wheel rider cyclist phone face hand"
+).split()
+
+
+def tiny_config():
+    from transformers import Sam3VideoConfig
+
+    grid = IMAGE_SIZE // PATCH
+    sizes = [[4 * grid, 4 * grid], [2 * grid, 2 * grid], [grid, grid]]
+    cfg = Sam3VideoConfig()
+    det, trk = cfg.detector_config, cfg.tracker_config
+
+    vit = det.vision_config.backbone_config
+    vit.hidden_size, vit.intermediate_size, vit.num_hidden_layers, vit.num_attention_heads = 64, 128, 2, 2
+    vit.window_size, vit.global_attn_indexes, vit.pretrain_image_size = 4, [1], IMAGE_SIZE
+    for vision in (det.vision_config, trk.vision_config):
+        vision.fpn_hidden_size = HIDDEN
+        vision.backbone_feature_sizes = sizes
+
+    txt = det.text_config
+    txt.hidden_size, txt.intermediate_size, txt.num_hidden_layers, txt.num_attention_heads = 64, 128, 2, 2
+    txt.projection_dim = 64
+
+    for sub in (det.geometry_encoder_config, det.detr_encoder_config, det.detr_decoder_config):
+        sub.hidden_size, sub.num_attention_heads, sub.intermediate_size = HIDDEN, 4, 256
+    det.geometry_encoder_config.num_layers = 1
+    det.detr_encoder_config.num_layers = 2
+    det.detr_decoder_config.num_layers = 2
+    det.detr_decoder_config.num_queries = 16
+    det.mask_decoder_config.hidden_size, det.mask_decoder_config.num_attention_heads = HIDDEN, 4
+
+    trk.prompt_encoder_config.hidden_size = HIDDEN
+    md = trk.mask_decoder_config
+    md.hidden_size, md.mlp_dim, md.num_attention_heads, md.iou_head_hidden_dim = HIDDEN, 256, 4, HIDDEN
+    trk.memory_attention_hidden_size = HIDDEN
+    trk.memory_attention_num_layers = 2
+    trk.memory_attention_feed_forward_hidden_size = 256
+    trk.memory_attention_rope_feat_sizes = [grid, grid]
+    trk.memory_encoder_hidden_size = HIDDEN
+    trk.mask_downsampler_embed_dim = HIDDEN
+    trk.memory_fuser_embed_dim = HIDDEN
+    trk.memory_fuser_intermediate_dim = 256
+    # memory_encoder_output_channels stays 64: the cross-attention's kv_in_dim is hard-coded to 64.
+
+    cfg.image_size = IMAGE_SIZE  # propagates to detector, tracker and prompt encoder
+    trk.prompt_encoder_config.image_size = IMAGE_SIZE
+    cfg.low_res_mask_size = 4 * grid
+    return cfg
+
+
+def tiny_tokenizer(vocab_size_hint: int | None = None):
+    """A CLIP-style byte-level BPE tokenizer with a small vocabulary (built offline, no hub)."""
+    from transformers import CLIPTokenizer
+    from tokenizers.pre_tokenizers import ByteLevel
+
+    symbols = ByteLevel.alphabet()
+    symbols.sort()
+    vocab: dict[str, int] = {}
+    for s in symbols + [s + "</w>" for s in symbols]:
+        vocab.setdefault(s, len(vocab))
+    merges: list[tuple[str, str]] = []
+    for word in _WORDS:  # left-to-right merges that build each word as a single "word</w>" token
+        pieces = list(word[:-1]) + [word[-1] + "</w>"]
+        while len(pieces) > 1:
+            a, b = pieces[0], pieces[1]
+            if (a, b) not in merges:
+                merges.append((a, b))
+            vocab.setdefault(a + b, len(vocab))
+            pieces = [a + b] + pieces[2:]
+    for special in ("<|startoftext|>", "<|endoftext|>"):
+        vocab.setdefault(special, len(vocab))
+    return CLIPTokenizer(vocab=vocab, merges=merges, model_max_length=32)
+
+
+@torch.no_grad()
+def _rescale_weights(model: torch.nn.Module, seed: int) -> None:
+    gen = torch.Generator().manual_seed(seed)
+    for name, param in sorted(model.named_parameters()):
+        if param.dim() >= 2:
+            fan_in = param[0].numel()
+            param.copy_(torch.randn(param.shape, generator=gen) / fan_in**0.5)
+        elif name.endswith("bias"):
+            param.copy_(torch.randn(param.shape, generator=gen) * 0.1)
+
+
+def write_tiny_checkpoint(out_dir: Path, seed: int = 0) -> Path:
+    """Save the tiny seeded model as a Hugging Face checkpoint directory and return it."""
+    from transformers import Sam3VideoModel
+
+    tokenizer = tiny_tokenizer()
+    cfg = tiny_config()
+    cfg.detector_config.text_config.vocab_size = len(tokenizer)
+    cfg.detector_config.text_config.eos_token_id = tokenizer.eos_token_id
+    cfg.detector_config.text_config.bos_token_id = tokenizer.bos_token_id
+    cfg.detector_config.text_config.pad_token_id = tokenizer.pad_token_id
+    torch.manual_seed(seed)
+    model = Sam3VideoModel(cfg).eval()
+    _rescale_weights(model, seed)
+
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out_dir)
+    tokenizer.save_pretrained(out_dir)
+    # The same fields a real snapshot's preprocessor_config.json carries for the image side.
+    (out_dir / "preprocessor_config.json").write_text(
+        json.dumps(
+            {
+                "image_processor_type": "Sam3ImageProcessorFast",
+                "do_resize": True,
+                "size": {"height": IMAGE_SIZE, "width": IMAGE_SIZE},
+                "do_rescale": True,
+                "rescale_factor": 1 / 255,
+                "do_normalize": True,
+                "image_mean": [0.5, 0.5, 0.5],
+                "image_std": [0.5, 0.5, 0.5],
+                "resample": 2,
+            },
+            indent=2,
+        )
+    )
+    return out_dir
