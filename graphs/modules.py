@@ -29,9 +29,11 @@ NO_OBJ_SCORE = -1024.0  # what the tracker writes into masks of objects it think
 
 def _resize_matrix(in_size: int, out_size: int) -> torch.Tensor:
     """[out, in] matrix of torch's antialiased bilinear resize along one axis (it is a linear map)."""
-    eye = torch.eye(in_size, dtype=torch.float64).reshape(in_size, 1, in_size, 1)
-    cols = F.interpolate(eye, size=(out_size, 1), mode="bilinear", align_corners=False, antialias=True)
-    return cols.reshape(in_size, out_size).t().contiguous().float()
+    # Resize one-hot columns along H; the width of 2 (left as is) sidesteps torch returning a constant
+    # for antialiased resizes of width-1 images.
+    eye = torch.eye(in_size, dtype=torch.float64).reshape(in_size, 1, in_size, 1).expand(-1, -1, -1, 2)
+    cols = F.interpolate(eye, size=(out_size, 2), mode="bilinear", align_corners=False, antialias=True)
+    return cols[..., 0].reshape(in_size, out_size).t().contiguous().float()
 
 
 def resize_antialiased(x: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
@@ -276,8 +278,8 @@ class MemoryEncoder(nn.Module):
 
     mask_logits [N, 1, L, L] are low-resolution logits. Per object, `binarize` picks the reference's
     path: False (memory of a tracked frame) -> sigmoid of the logits resized to the memory size;
-    True (objects re-encoded on a frame that adds objects) -> logits upsampled to the image size,
-    thresholded at 0, then resized. object_score_logits [N, 1] > 0 marks the object as visible.
+    True (objects re-encoded on a frame that adds objects) -> logits upsampled to the image size, then
+    to the memory size, then thresholded at 0. object_score_logits [N, 1] > 0 marks the object as visible.
     The result is rounded to bfloat16, as the reference stores it.
     """
 
@@ -296,8 +298,8 @@ class MemoryEncoder(nn.Module):
                                            align_corners=False))
         image_res = F.interpolate(mask_logits, size=(self.image_size, self.image_size), mode="bilinear",
                                   align_corners=False)
-        hard = F.interpolate((image_res > 0).to(mask_logits.dtype), size=self.memory_mask_size, mode="bilinear",
-                             align_corners=False)
+        hard = F.interpolate(image_res, size=self.memory_mask_size, mode="bilinear", align_corners=False) > 0
+        hard = hard.to(mask_logits.dtype)
         mask_for_mem = torch.where(binarize[:, None, None, None], hard, soft)
         mask_for_mem = mask_for_mem * trk.config.sigmoid_scale_for_mem_enc + trk.config.sigmoid_bias_for_mem_enc
         features, _ = trk.memory_encoder(tracker_feat.expand(n, -1, -1, -1), mask_for_mem)

@@ -1,0 +1,336 @@
+"""Check every graph of a bundle in onnxruntime against the transformers code it replaces.
+
+    python -m graphs.check BUNDLE [--checkpoint DIR] [--graphs NAME ...]
+
+References are the reference's own call paths with batch 1 (one prompt, one image, one object at a
+time, exactly as Sam3VideoModel calls them), so batched and padded graph calls are checked against
+one-at-a-time computation. Prints max absolute and relative error per output and exits non-zero when
+any output is over tolerance:
+- fp32 graphs: relative error <= 1e-4, relative to the output's largest magnitude (the tracker's
+  -1024 "no object" fill is left out of that scale, or it would hide real errors);
+- maskmem_features (rounded to bfloat16 as the reference stores them): every element within one
+  bfloat16 rounding step of the reference. A value that lands on the other side of a rounding boundary
+  differs by one step (2**-8 of its magnitude) whatever the fp32 error before rounding, so the relative
+  error bound is one step, 2**-8 ~ 3.9e-3;
+- graphs exported in fp16: relative error <= 2e-2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+FP32_TOL, BF16_TOL, FP16_TOL = 1e-4, 2.0**-8, 2e-2
+SENTINEL = 1000.0  # masks filled with NO_OBJ_SCORE (-1024) are excluded from the error scale
+
+
+@dataclass
+class Row:
+    graph: str
+    case: str
+    output: str
+    max_abs: float
+    rel: float
+    tol: float
+    note: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.rel <= self.tol and not self.note.startswith("FAIL")
+
+
+def _rel(got: np.ndarray, ref: np.ndarray) -> tuple[float, float]:
+    diff = np.abs(got.astype(np.float64) - ref.astype(np.float64))
+    mag = np.abs(ref[np.abs(ref) < SENTINEL]) if ref.size else np.zeros(1)
+    scale = max(float(mag.max()) if mag.size else 1.0, 1e-6)
+    return float(diff.max()) if diff.size else 0.0, (float(diff.max()) / scale) if diff.size else 0.0
+
+
+def _bf16_steps_ok(got: np.ndarray, ref: np.ndarray) -> bool:
+    """True when every element is within one bfloat16 rounding step (8 significant bits) of the reference."""
+    step = np.exp2(np.floor(np.log2(np.maximum(np.maximum(np.abs(ref), np.abs(got)), 1e-30))) - 7)
+    # Near zero a bf16 step is smaller than fp32 noise; 1e-5 of the largest value bounds that noise.
+    return bool(np.all(np.abs(got - ref) <= step * 1.0001 + 1e-5 * float(np.abs(ref).max(initial=0.0))))
+
+
+class Checker:
+    def __init__(self, bundle: Path, checkpoint: Path | None):
+        import onnxruntime as ort
+        import torch
+
+        from .checkpoint import load_model
+        from . import specs
+
+        self.torch = torch
+        self.bundle = bundle
+        self.manifest = json.loads((bundle / "manifest.json").read_text())
+        if checkpoint is None:
+            recorded = Path(self.manifest["source"]["checkpoint"])
+            checkpoint = recorded if recorded.is_absolute() else bundle / recorded
+        self.model = load_model(checkpoint)
+        self.dims = specs.Dims.from_model(self.model)
+        self.ort = ort
+        self.sessions = {}
+        self.rows: list[Row] = []
+        self.gen = torch.Generator().manual_seed(1234)
+
+    def session(self, name):
+        if name not in self.sessions:
+            path = self.bundle / self.manifest["graphs"][name]["file"]
+            self.sessions[name] = self.ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+        return self.sessions[name]
+
+    def run(self, name, feeds):
+        return self.session(name).run(None, {k: np.ascontiguousarray(v) for k, v in feeds.items()})
+
+    def compare(self, graph, case, names, got, ref, bf16_outputs=()):
+        fp16 = self.manifest["graphs"][graph]["precision"] == "fp16"
+        for name, g, r in zip(names, got, ref):
+            r = np.asarray(r, dtype=np.float32)
+            if g.shape != r.shape:
+                self.rows.append(Row(graph, case, name, float("inf"), float("inf"), 0.0,
+                                     f"FAIL shape {g.shape} != {r.shape}"))
+                continue
+            max_abs, rel = _rel(g, r)
+            tol, note = (FP16_TOL if fp16 else FP32_TOL), ""
+            if name in bf16_outputs and not fp16:
+                tol = BF16_TOL
+                note = "within one bf16 step" if _bf16_steps_ok(g, r) else "FAIL beyond one bf16 step"
+            self.rows.append(Row(graph, case, name, max_abs, rel, tol, note))
+
+    # ------------------------------------------------------------------------------------ inputs
+    def image_features(self, images: int = 1):
+        """Real backbone outputs of random images (the reference path), batch 1 each."""
+        torch = self.torch
+        m = self.model
+        feats = []
+        for _ in range(images):
+            pixels = torch.rand(1, 3, self.dims.image_size, self.dims.image_size, generator=self.gen) * 2 - 1
+            vision = m.detector_model.get_vision_features(pixel_values=pixels)
+            trk_feats, trk_pos = m.get_vision_features_for_tracker(vision)
+            feats.append((pixels, vision, trk_feats, trk_pos))
+        return feats
+
+    def tracker_head_np(self, trk_feats):
+        """Reference tracker features (HW, 1, C) -> the graphs' [1, C, H, W] layout."""
+        sizes = self.model.tracker_model.backbone_feature_sizes
+        out = []
+        for f, (h, w) in zip(trk_feats, sizes):
+            out.append(f.permute(1, 2, 0).reshape(1, -1, h, w).numpy())
+        return out
+
+    # ------------------------------------------------------------------------------------ graphs
+    def check_text_encoder(self):
+        torch, m, d = self.torch, self.model, self.dims
+        for count in (1, 2, 5):
+            ids = torch.randint(0, d.vocab_size, (count, d.text_length), generator=self.gen)
+            lengths = torch.randint(2, d.text_length + 1, (count,), generator=self.gen)
+            mask = (torch.arange(d.text_length)[None] < lengths[:, None]).long()
+            ref = torch.cat([m.detector_model.get_text_features(input_ids=ids[i:i + 1], attention_mask=mask[i:i + 1])
+                             .pooler_output for i in range(count)])
+            got = self.run("text_encoder", {"input_ids": ids.numpy(), "attention_mask": mask.numpy()})
+            self.compare("text_encoder", f"M={count}", ["text_features"], got, [ref.numpy()])
+
+    def check_backbone(self):
+        torch = self.torch
+        for count in (1, 2, 3):
+            feats = self.image_features(count)
+            pixels = torch.cat([f[0] for f in feats]).numpy()
+            got = self.run("backbone", {"pixel_values": pixels})
+            ref = []
+            for level in range(3):
+                ref.append(np.concatenate([f[1].fpn_hidden_states[level].numpy() for f in feats]))
+            heads = [self.tracker_head_np(f[2]) for f in feats]
+            for level in range(3):
+                ref.append(np.concatenate([h[level] for h in heads]))
+            names = [o["name"] for o in self.manifest["graphs"]["backbone"]["outputs"]]
+            self.compare("backbone", f"I={count}", names, got, ref)
+
+    def check_grounding_head(self):
+        torch, m, d = self.torch, self.model, self.dims
+        _, vision, _, _ = self.image_features(1)[0]
+        for count in (1, 2, 5):
+            ids = torch.randint(0, d.vocab_size, (count, d.text_length), generator=self.gen)
+            lengths = torch.randint(2, d.text_length + 1, (count,), generator=self.gen)
+            mask = (torch.arange(d.text_length)[None] < lengths[:, None]).long()
+            text = [m.detector_model.get_text_features(input_ids=ids[i:i + 1], attention_mask=mask[i:i + 1])
+                    for i in range(count)]
+            refs = [m.detector_model(vision_embeds=vision, text_embeds=text[i], attention_mask=mask[i:i + 1])
+                    for i in range(count)]
+            feeds = {f"detector_fpn{i}": vision.fpn_hidden_states[i].numpy() for i in range(3)}
+            feeds["text_features"] = torch.cat([t.pooler_output for t in text]).numpy()
+            feeds["text_mask"] = mask.numpy()
+            got = self.run("grounding_head", feeds)
+            ref = [torch.cat([getattr(r, k) for r in refs]).numpy()
+                   for k in ("pred_logits", "presence_logits", "pred_boxes", "pred_masks")]
+            self.compare("grounding_head", f"K={count}", ["pred_logits", "presence_logits", "pred_boxes", "pred_masks"],
+                         got, ref)
+
+    def check_propagation_decoder(self):
+        torch = self.torch
+        trk = self.model.tracker_model
+        cfg = trk.config
+        d = self.dims
+        _, _, trk_feats, trk_pos = self.image_features(1)[0]
+        head = self.tracker_head_np(trk_feats)
+        hw = d.grid * d.grid
+        k_max = cfg.max_cond_frame_num + cfg.num_maskmem - 1
+        p_max = cfg.max_object_pointers_in_encoder - 1 + cfg.max_cond_frame_num
+        mem_pos = trk.memory_encoder.position_encoding((1, d.memory_channels, d.grid, d.grid), "cpu", torch.float32)
+        mem_pos = mem_pos.flatten(2).permute(2, 0, 1)  # (HW, 1, Cm), as the reference stores maskmem_pos_enc
+        cases = [(n, k, min(2 * k - 1, p_max)) for n in (1, 3, 8) for k in range(1, k_max + 1)]
+        cases += [(3, k_max, p_max)]
+        for n, k, p in cases:
+            counts_k = torch.randint(1, k + 1, (n,), generator=self.gen)
+            counts_p = torch.randint(1, p + 1, (n,), generator=self.gen)
+            counts_k[0], counts_p[0] = k, p
+            pool = torch.randn(n * k, hw, d.memory_channels, generator=self.gen).to(torch.bfloat16).float()
+            ptr_pool = torch.randn(n * p, d.channels, generator=self.gen)
+            order_k, order_p = torch.randperm(n * k, generator=self.gen), torch.randperm(n * p, generator=self.gen)
+            mem_index = np.zeros((n, k), np.int64)
+            mem_slot = np.zeros((n, k), np.int64)
+            mem_valid = np.zeros((n, k), bool)
+            ptr_index = np.zeros((n, p), np.int64)
+            ptr_offset = np.zeros((n, p), np.float32)
+            ptr_valid = np.zeros((n, p), bool)
+            max_ptr = cfg.max_object_pointers_in_encoder
+            refs = []
+            for i in range(n):
+                ki, pi = int(counts_k[i]), int(counts_p[i])
+                rows = order_k[i * k:i * k + ki]
+                slots = torch.randint(0, cfg.num_maskmem, (ki,), generator=self.gen)
+                slots[0] = cfg.num_maskmem - 1  # a conditioning frame
+                offsets = torch.randint(-(max_ptr - 1), max_ptr, (pi,), generator=self.gen).tolist()
+                offsets[0] = 0
+                prow = order_p[i * p:i * p + pi]
+                mem_index[i, :ki], mem_slot[i, :ki], mem_valid[i, :ki] = rows.numpy(), slots.numpy(), True
+                ptr_index[i, :pi], ptr_valid[i, :pi] = prow.numpy(), True
+                ptr_offset[i, :pi] = np.asarray(offsets, np.float32) / (max_ptr - 1)
+                # --- the reference, one object with batch 1 (tv: _prepare_memory_conditioned_features)
+                memories = [pool[r][:, None] for r in rows]
+                # slot s holds temporal offset s+1; the reference indexes encodings with offset-1 (-1 for 0)
+                positions = [mem_pos + trk.memory_temporal_positional_encoding[int(s)] for s in slots]
+                pointers, pointer_pos = trk._process_object_pointers(
+                    offsets, [ptr_pool[r][None] for r in prow], max_ptr, 1, d.channels, "cpu")
+                memory = torch.cat(memories + [pointers])
+                memory_pos = torch.cat([x.reshape(hw, 1, -1) for x in positions] + [pointer_pos])
+                fused = trk.memory_attention(
+                    current_vision_features=trk_feats[-1], memory=memory,
+                    current_vision_position_embeddings=trk_pos[-1], memory_posision_embeddings=memory_pos,
+                    num_object_pointer_tokens=pointers.shape[0])
+                pix = fused.squeeze(1).transpose(1, 2).view(1, d.channels, d.grid, d.grid)
+                high_res = [torch.from_numpy(head[0]), torch.from_numpy(head[1])]
+                out = trk._single_frame_forward(image_embeddings=high_res + [pix],
+                                                multimask_output=trk._use_multimask(False, None))
+                refs.append([out.pred_masks.reshape(1, 1, d.mask_size, d.mask_size), out.iou_scores.reshape(1, -1),
+                             out.object_score_logits.reshape(1, 1), out.object_pointer.reshape(1, -1)])
+            feeds = dict(tracker_feat_s0=head[0], tracker_feat_s1=head[1], tracker_feat=head[2],
+                         memory_pool=pool.numpy(), memory_index=mem_index, memory_slot=mem_slot,
+                         memory_valid=mem_valid, pointer_pool=ptr_pool.numpy(), pointer_index=ptr_index,
+                         pointer_offset=ptr_offset, pointer_valid=ptr_valid)
+            got = self.run("propagation_decoder", feeds)
+            ref = [torch.cat([r[j] for r in refs]).numpy() for j in range(4)]
+            self.compare("propagation_decoder", f"N={n} K={k} P={p}",
+                         ["low_res_masks", "iou_scores", "object_score_logits", "object_pointer"], got, ref)
+
+    def check_memory_encoder(self):
+        torch = self.torch
+        trk = self.model.tracker_model
+        d = self.dims
+        _, _, trk_feats, _ = self.image_features(1)[0]
+        head = self.tracker_head_np(trk_feats)
+        for n in (1, 3, 8):
+            scores = torch.randn(n, 1, generator=self.gen) * 5
+            for binarize in (False, True):
+                feats = trk_feats[-1].expand(-1, n, -1)
+                logits = masks = torch.randn(n, 1, d.mask_size, d.mask_size, generator=self.gen) * 8
+                if binarize:  # the reference encodes image-size masks, thresholded, on frames with new objects
+                    logits = self._tie_free_logits(n)
+                    masks = torch.nn.functional.interpolate(logits, size=(d.image_size, d.image_size),
+                                                            mode="bilinear", align_corners=False)
+                ref, _ = trk._encode_new_memory(feats, masks, scores[:, :, None], is_mask_from_pts=binarize)
+                got = self.run("memory_encoder", dict(tracker_feat=head[2], mask_logits=logits.numpy(),
+                                                      object_score_logits=scores.numpy(),
+                                                      binarize=np.full((n,), binarize)))
+                self.compare("memory_encoder", f"N={n} binarize={binarize}", ["maskmem_features"], got,
+                             [ref.float().permute(1, 0, 2).numpy()], bf16_outputs=("maskmem_features",))
+
+    def _tie_free_logits(self, n):
+        """Mask logits for the thresholding path with no resized pixel within 1e-6 of 0.
+
+        Such a pixel is a tie: the reference (antialiased weights) and the graph (plain bilinear
+        weights, equal up to ~1e-6) may threshold it either way. Ties are excluded from the inputs, so
+        the comparison fails on any real difference in thresholding.
+        """
+        torch = self.torch
+        F = torch.nn.functional
+        d = self.dims
+        for _ in range(100):
+            logits = torch.randn(n, 1, d.mask_size, d.mask_size, generator=self.gen) * 8
+            image = F.interpolate(logits, size=(d.image_size, d.image_size), mode="bilinear", align_corners=False)
+            memory = F.interpolate(image, size=(4 * d.mask_size,) * 2, mode="bilinear", align_corners=False)
+            if float(memory.abs().min()) > 1e-6 * float(memory.abs().max()):
+                return logits
+        raise RuntimeError("could not draw tie-free mask logits")
+
+    def check_mask_init(self):
+        torch = self.torch
+        trk = self.model.tracker_model
+        d = self.dims
+        _, _, trk_feats, _ = self.image_features(1)[0]
+        head = self.tracker_head_np(trk_feats)
+        from .specs import F_smooth
+
+        for n in (1, 3, 8):
+            masks = (F_smooth(torch.randn(n, 1, d.mask_size, d.mask_size, generator=self.gen)) > 0.3)
+            masks[-1] = False  # an empty detection mask: the object starts absent
+            pix = torch.from_numpy(head[2])
+            high_res = [torch.from_numpy(head[0]), torch.from_numpy(head[1])]
+            # the session stores mask inputs in its float dtype before the tracker sees them
+            refs = [trk._use_mask_as_output(pix, high_res, masks[i:i + 1].float()) for i in range(n)]
+            got = self.run("mask_init", dict(tracker_feat=head[2], masks=masks.float().numpy()))
+            ref = [torch.cat([r.pred_masks for r in refs]).numpy(),
+                   torch.cat([r.object_pointer.reshape(1, -1) for r in refs]).numpy(),
+                   torch.cat([r.object_score_logits.reshape(1, 1) for r in refs]).numpy()]
+            self.compare("mask_init", f"N={n}", ["low_res_masks", "object_pointer", "object_score_logits"], got, ref)
+
+
+def run_checks(bundle: Path, checkpoint: Path | None = None, graphs=None, log=print) -> list[Row]:
+    import torch
+
+    checker = Checker(Path(bundle), checkpoint)
+    names = graphs or list(checker.manifest["graphs"])
+    with torch.no_grad():
+        for name in names:
+            getattr(checker, f"check_{name}")()
+    log(f"{'graph':<20} {'case':<26} {'output':<20} {'max abs':>10} {'rel':>10} {'tol':>7}")
+    for r in checker.rows:
+        flag = "ok" if r.ok else "OVER"
+        log(f"{r.graph:<20} {r.case:<26} {r.output:<20} {r.max_abs:10.2e} {r.rel:10.2e} {r.tol:7.0e} {flag} {r.note}")
+    return checker.rows
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m graphs.check", description=__doc__.split("\n\n")[0])
+    parser.add_argument("bundle", type=Path)
+    parser.add_argument("--checkpoint", type=Path, help="the checkpoint the bundle was exported from "
+                        "(default: the path recorded in the manifest)")
+    parser.add_argument("--graphs", nargs="+", help="check only these graphs")
+    args = parser.parse_args(argv)
+    if not (args.bundle / "manifest.json").is_file():
+        print(f"error: {args.bundle} has no manifest.json; export a bundle first (python -m graphs.export)",
+              file=sys.stderr)
+        return 2
+    rows = run_checks(args.bundle, args.checkpoint, args.graphs)
+    bad = [r for r in rows if not r.ok]
+    print(f"{len(rows) - len(bad)} passed, {len(bad)} failed")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,249 @@
+"""Export a SAM 3 video checkpoint into a sam3track bundle.
+
+    python -m graphs.export --checkpoint DIR --out BUNDLE [--fp16 GRAPH ...]
+    python -m graphs.export --tiny [--seed N] --out BUNDLE
+
+The bundle is built in a temporary sibling directory and renamed into place only when complete, so an
+interrupted or failed export never leaves something that looks like a bundle.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+import warnings
+from pathlib import Path
+
+from .checkpoint import CheckpointError, load_model, load_tokenizer, validate_checkpoint, weights_sha256
+
+FORMAT_VERSION = 1
+OPSET = 17
+GRAPHS = ("text_encoder", "backbone", "grounding_head", "propagation_decoder", "memory_encoder", "mask_init")
+# Sizes used while tracing: 2 everywhere, so no axis is mistaken for a broadcastable 1.
+TRACE_SIZES = dict(prompts=2, images=2, objects=2, memories=2, pointers=2, memory_rows=4, pointer_rows=4)
+EXTERNAL_DATA_THRESHOLD = 1_800_000_000  # protobuf caps one file at 2 GiB
+
+
+class ExportError(Exception):
+    pass
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 22), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _export_graph(model, name: str, dims, out_dir: Path, fp16: bool) -> dict:
+    import onnx
+    import torch
+
+    from . import specs
+
+    spec = specs.graph_specs(dims)[name]
+    module = spec.module(model).eval()
+    inputs = specs.sample_inputs(spec, dims, TRACE_SIZES)
+    args = tuple(inputs[t.name] for t in spec.inputs)
+    path = out_dir / f"{name}.onnx"
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # tracer warnings about Python control flow on fixed sizes
+        torch.onnx.export(
+            module, args, str(path), input_names=[t.name for t in spec.inputs],
+            output_names=[t.name for t in spec.outputs], dynamic_axes=spec.dynamic_axes,
+            opset_version=OPSET, dynamo=False, do_constant_folding=True,
+        )
+    proto = onnx.load(str(path))
+    if fp16:
+        from onnxruntime.transformers.float16 import convert_float_to_float16
+
+        # Inputs and outputs stay float32 so the runtime binds the same buffers for either precision.
+        proto = convert_float_to_float16(proto, keep_io_types=True)
+    data_files = []
+    if proto.ByteSize() > EXTERNAL_DATA_THRESHOLD or (out_dir / f"{name}.onnx.data").exists():
+        data_name = f"{name}.onnx.data"
+        onnx.save_model(proto, str(path), save_as_external_data=True, all_tensors_to_one_file=True,
+                        location=data_name, size_threshold=1024)
+        data_files.append(data_name)
+    else:
+        onnx.save_model(proto, str(path))
+    bound = {i.name for i in proto.graph.input}
+    missing = [t.name for t in spec.inputs if t.name not in bound]
+    if missing:
+        raise ExportError(f"graph {name}: inputs {missing} were pruned by the exporter; they are unused")
+
+    def tensors(items):
+        return [{"name": t.name, "dtype": t.dtype, "shape": list(t.shape)} for t in items]
+
+    files = [path.name] + data_files
+    return {
+        "file": path.name,
+        "data_files": data_files,
+        "sha256": {f: _sha256(out_dir / f) for f in files},
+        "bytes": sum((out_dir / f).stat().st_size for f in files),
+        "precision": "fp16" if fp16 else "fp32",
+        "inputs": tensors(spec.inputs),
+        "outputs": tensors(spec.outputs),
+    }
+
+
+def _preprocessing(checkpoint: Path, image_size: int) -> dict:
+    """Image preprocessing from the snapshot's preprocessor_config.json (the processor's own defaults)."""
+    cfg = {}
+    path = checkpoint / "preprocessor_config.json"
+    if path.is_file():
+        cfg = json.loads(path.read_text())
+    return {
+        "image_size": image_size,
+        "resize": "bilinear",
+        "rescale_factor": float(cfg.get("rescale_factor", 1 / 255)),
+        "image_mean": [float(x) for x in cfg.get("image_mean", [0.5, 0.5, 0.5])],
+        "image_std": [float(x) for x in cfg.get("image_std", [0.5, 0.5, 0.5])],
+    }
+
+
+def _model_config(model, dims) -> dict:
+    from transformers import Sam3VideoConfig
+
+    cfg = model.config
+    trk = model.tracker_model.config
+    heuristics = {name: getattr(cfg, name) for name in Sam3VideoConfig.__annotations__
+                  if name not in ("detector_config", "tracker_config", "initializer_range")}
+    return {
+        "heuristics": heuristics,
+        "tracker": {
+            "num_maskmem": trk.num_maskmem,
+            "max_cond_frame_num": trk.max_cond_frame_num,
+            "max_object_pointers_in_encoder": trk.max_object_pointers_in_encoder,
+            "enable_temporal_pos_encoding_for_object_pointers": trk.enable_temporal_pos_encoding_for_object_pointers,
+            "hidden_dim": dims.channels,
+            "memory_dim": dims.memory_channels,
+            "feature_grid": dims.grid,
+            "low_res_mask_size": dims.mask_size,
+            "num_multimask_outputs": dims.num_masks,
+        },
+        "detector": {"num_queries": dims.num_queries, "text_width": dims.text_width},
+    }
+
+
+def _write_tokenizer(checkpoint: Path, out_dir: Path, text_length: int) -> dict:
+    tokenizer = load_tokenizer(checkpoint)
+    tok_dir = out_dir / "tokenizer"
+    tokenizer.save_pretrained(str(tok_dir))
+    if not (tok_dir / "tokenizer.json").is_file():
+        raise ExportError(f"the tokenizer of {checkpoint} could not be saved as tokenizer.json")
+    files = sorted(p.name for p in tok_dir.iterdir())
+    return {
+        "dir": "tokenizer",
+        "files": files,
+        "sha256": {f: _sha256(tok_dir / f) for f in files},
+        "max_length": text_length,
+        "pad_token_id": int(tokenizer.pad_token_id),
+        "padding": "max_length",
+    }
+
+
+def export_bundle(checkpoint: Path, out: Path, fp16: tuple[str, ...] = (), overwrite: bool = False,
+                  tiny_seed: int | None = None, log=print) -> Path:
+    """Build the bundle for `checkpoint` (or a fresh tiny checkpoint when tiny_seed is set) at `out`."""
+    import onnx
+    import torch
+    import transformers
+
+    from . import specs
+
+    out = Path(out).absolute()
+    if out.exists() and not overwrite:
+        raise ExportError(f"{out} already exists; pass --overwrite to replace it or choose another --out")
+    unknown = [g for g in fp16 if g not in GRAPHS]
+    if unknown:
+        raise ExportError(f"--fp16 names unknown graphs {unknown}; choose from {', '.join(GRAPHS)}")
+    if checkpoint is not None:
+        validate_checkpoint(checkpoint)  # fail fast, before creating anything
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=out.parent))
+    except OSError as exc:
+        raise ExportError(f"cannot write the bundle to {out.parent}: {exc.strerror}; choose a writable --out")
+    try:
+        started = time.perf_counter()
+        if tiny_seed is not None:
+            from .tiny import write_tiny_checkpoint
+
+            checkpoint = write_tiny_checkpoint(staging / "source", seed=tiny_seed)
+            log(f"wrote tiny checkpoint (seed {tiny_seed}) to {out / 'source'}")
+        model = load_model(checkpoint)
+        dims = specs.Dims.from_model(model)
+        graphs = {}
+        for name in GRAPHS:
+            t0 = time.perf_counter()
+            graphs[name] = _export_graph(model, name, dims, staging, fp16=name in fp16)
+            log(f"exported {name:<20} {graphs[name]['bytes'] / 1e6:9.1f} MB  {time.perf_counter() - t0:6.1f} s")
+        manifest = {
+            "format_version": FORMAT_VERSION,
+            "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "graphs": graphs,
+            "preprocessing": _preprocessing(Path(checkpoint), dims.image_size),
+            "text": {"max_length": dims.text_length},
+            "config": _model_config(model, dims),
+            "tokenizer": _write_tokenizer(Path(checkpoint), staging, dims.text_length),
+            "source": {
+                "checkpoint": "source" if tiny_seed is not None else str(Path(checkpoint).absolute()),
+                "model_type": model.config.model_type,
+                "tiny_seed": tiny_seed,
+                "weights_sha256": weights_sha256(checkpoint),
+                "parameters": sum(p.numel() for p in model.parameters()),
+            },
+            "exporter": {
+                "torch": torch.__version__, "transformers": transformers.__version__, "onnx": onnx.__version__,
+                "opset": OPSET, "export_seconds": round(time.perf_counter() - started, 1),
+            },
+        }
+        (staging / "manifest.json").write_text(json.dumps(manifest, indent=2))
+        if out.exists():  # --overwrite: swap only once the new bundle is complete
+            trash = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.parent))
+            os.replace(out, trash / out.name)
+            os.replace(staging, out)
+            shutil.rmtree(trash, ignore_errors=True)
+        else:
+            os.replace(staging, out)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    log(f"bundle written to {out}")
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m graphs.export", description=__doc__.split("\n\n")[0])
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--checkpoint", type=Path, help="local Hugging Face snapshot of facebook/sam3")
+    source.add_argument("--tiny", action="store_true", help="a small deterministic seeded model (tests, demo)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the --tiny weights")
+    parser.add_argument("--out", type=Path, required=True, help="bundle directory to create")
+    parser.add_argument("--fp16", nargs="+", default=[], metavar="GRAPH",
+                        help=f"graphs to store in fp16 ({', '.join(GRAPHS)} or 'all'; 'all' keeps the text "
+                             "encoder in fp32, whose fp16 numerics are risky on Ascend: name it to include it)")
+    parser.add_argument("--overwrite", action="store_true", help="replace an existing bundle at --out")
+    args = parser.parse_args(argv)
+    fp16 = tuple(g for g in GRAPHS if g != "text_encoder") if "all" in args.fp16 else tuple(args.fp16)
+    if "all" in args.fp16 and "text_encoder" in args.fp16:
+        fp16 += ("text_encoder",)
+    try:
+        export_bundle(args.checkpoint, args.out, fp16=fp16, overwrite=args.overwrite,
+                      tiny_seed=args.seed if args.tiny else None)
+    except (CheckpointError, ExportError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
