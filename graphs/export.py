@@ -207,6 +207,9 @@ def export_bundle(checkpoint: Path, out: Path, fp16: tuple[str, ...] = (), overw
             },
         }
         (staging / "manifest.json").write_text(json.dumps(manifest, indent=2))
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(staging, 0o777 & ~umask)  # mkdtemp creates it private; a bundle is an ordinary directory
         if out.exists():  # --overwrite: swap only once the new bundle is complete
             trash = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.parent))
             os.replace(out, trash / out.name)

@@ -1,0 +1,18 @@
+"""sam3track: SAM 3 video tracking from exported graphs, without PyTorch at run time."""
+
+from .errors import (BundleError, FrameIndexError, ObjectIdError, PromptError, Sam3TrackError,
+                     SessionClosedError, VideoError)
+from .results import FrameResult
+
+__version__ = "0.1.0"
+
+
+def load(bundle_dir, backend: str = "onnxruntime", device: str = "cpu", **options):
+    """Load a bundle and return a Predictor (see sam3track.predictor.Predictor)."""
+    from .predictor import Predictor
+
+    return Predictor.load(bundle_dir, backend=backend, device=device, **options)
+
+
+__all__ = ["load", "FrameResult", "Sam3TrackError", "BundleError", "VideoError", "PromptError", "FrameIndexError",
+           "ObjectIdError", "SessionClosedError", "__version__"]

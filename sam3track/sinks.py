@@ -1,0 +1,241 @@
+"""Saving tracking results: a JSON file with COCO RLE masks, or a folder of id-valued PNGs.
+
+Both sinks take one :class:`FrameResult` per :meth:`write` call and are context managers. Both
+are safe to interrupt: the JSON file is built under a temporary name and finalised into valid
+JSON (marked ``"complete": false``) when the run stops early; each PNG is written under a
+temporary name and renamed, so a folder never holds a half-written image.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import warnings
+from pathlib import Path
+from types import TracebackType
+from typing import Any, TextIO
+
+import cv2
+import numpy as np
+from pycocotools import mask as mask_utils
+
+from sam3track.errors import VideoError
+from sam3track.results import FrameResult
+
+log = logging.getLogger(__name__)
+
+JSON_FORMAT = "sam3track.frames"
+JSON_VERSION = 1
+
+
+def encode_rle(mask: np.ndarray) -> dict[str, Any]:
+    """COCO RLE of one ``[H, W]`` mask as JSON-ready ``{"size": [H, W], "counts": str}``."""
+    rle = mask_utils.encode(np.asfortranarray(mask, dtype=np.uint8))  # pycocotools wants F order
+    return {"size": [int(rle["size"][0]), int(rle["size"][1])], "counts": rle["counts"].decode()}
+
+
+def _encode_many(masks: np.ndarray) -> list[dict[str, Any]]:
+    if masks.shape[0] == 0:
+        return []
+    # One call for all objects: [N, H, W] -> Fortran-ordered [H, W, N].
+    stacked = np.asfortranarray(np.transpose(masks, (1, 2, 0)), dtype=np.uint8)
+    return [
+        {"size": [int(r["size"][0]), int(r["size"][1])], "counts": r["counts"].decode()}
+        for r in mask_utils.encode(stacked)
+    ]
+
+
+def decode_rle(obj: dict[str, Any]) -> np.ndarray:
+    """Bool ``[H, W]`` mask from an RLE dict, or from a JSON object entry holding ``"mask"``."""
+    rle = obj["mask"] if "mask" in obj else obj
+    counts = rle["counts"]
+    if isinstance(counts, list):  # uncompressed COCO RLE, as other tools may write it
+        h, w = rle["size"]
+        rle = mask_utils.frPyObjects(rle, h, w)
+    else:
+        counts = counts.encode() if isinstance(counts, str) else counts
+        rle = {"size": list(rle["size"]), "counts": counts}
+    with warnings.catch_warnings():
+        # pycocotools' Cython array predates NumPy 2's __array__(copy=...) protocol and warns
+        # on every decode; the result is correct, the warning is noise for our users.
+        warnings.filterwarnings(
+            "ignore", message="__array__ implementation", category=DeprecationWarning
+        )
+        return np.asarray(mask_utils.decode(rle)).astype(bool)
+
+
+def _finite(value: float) -> float | None:
+    # json would write NaN/Infinity, which is not JSON; null keeps the file loadable anywhere.
+    value = float(value)
+    return value if math.isfinite(value) else None
+
+
+class JsonSink:
+    """All frames' objects in one JSON file, written incrementally.
+
+    Layout::
+
+        {"format": "sam3track.frames", "version": 1, "metadata": {...},
+         "frames": [{"frame_index": 0, "height": H, "width": W,
+                     "objects": [{"object_id": 1, "prompt": "person", "score": 0.93,
+                                  "box_xyxy": [x0, y0, x1, y1],
+                                  "mask": {"size": [H, W], "counts": "<COCO RLE>"}}]}, ...],
+         "num_frames": n, "complete": true}
+
+    Frames are appended to ``<name>.partial`` as they come (flushed each time), and ``close``
+    closes the list and renames the file onto ``path``. ``close(complete=False)`` (what
+    ``__exit__`` does on an exception or Ctrl-C) finalises the same way with
+    ``"complete": false``, so an interrupted run still leaves valid JSON with the frames done.
+    """
+
+    def __init__(self, path: str | os.PathLike[str], metadata: dict[str, Any] | None = None):
+        self.path = Path(path)
+        if not self.path.parent.is_dir():
+            raise VideoError(
+                f"cannot write {self.path}: folder {self.path.parent} does not exist; create it"
+            )
+        self._tmp = self.path.with_name(self.path.name + ".partial")
+        self.frames_written = 0
+        self._closed = False
+        try:
+            self._file: TextIO = open(self._tmp, "w", encoding="utf-8")
+            head = {"format": JSON_FORMAT, "version": JSON_VERSION, "metadata": metadata or {}}
+            # Write the header object without its closing brace, then open the frames list.
+            self._file.write(json.dumps(head)[:-1] + ', "frames": [\n')
+        except OSError as e:
+            raise VideoError(f"cannot write {self._tmp}: {e}") from e
+
+    @staticmethod
+    def frame_to_dict(result: FrameResult) -> dict[str, Any]:
+        """The JSON entry of one frame (also handy for callers that build JSON themselves)."""
+        masks = _encode_many(np.asarray(result.masks, dtype=bool))
+        objects = []
+        for i in range(len(result)):
+            objects.append(
+                {
+                    "object_id": int(result.object_ids[i]),
+                    "prompt": result.prompts[i] if i < len(result.prompts) else "",
+                    "score": _finite(result.scores[i]),
+                    "box_xyxy": [_finite(v) for v in result.boxes_xyxy[i]],
+                    "mask": masks[i],
+                }
+            )
+        return {
+            "frame_index": int(result.frame_index),
+            "height": result.height,
+            "width": result.width,
+            "objects": objects,
+        }
+
+    def write(self, result: FrameResult) -> None:
+        if self._closed:
+            raise VideoError(f"{self.path} is already closed; open a new JsonSink")
+        text = json.dumps(self.frame_to_dict(result), separators=(",", ":"))
+        try:
+            self._file.write(("" if self.frames_written == 0 else ",\n") + text)
+            self._file.flush()
+        except OSError as e:
+            raise VideoError(
+                f"cannot write frame {result.frame_index} to {self._tmp}: {e}; check disk space"
+            ) from e
+        self.frames_written += 1
+
+    def close(self, complete: bool = True) -> Path | None:
+        """Finish the JSON and rename it onto :attr:`path`. Returns the path, or None on failure
+        of an incomplete close (logged, so the interrupting exception stays the one raised)."""
+        if self._closed:
+            return self.path if self.path.exists() else None
+        self._closed = True
+        tail = f'\n], "num_frames": {self.frames_written}, "complete": {json.dumps(complete)}}}\n'
+        try:
+            self._file.write(tail)
+            self._file.close()
+            os.replace(self._tmp, self.path)
+        except OSError as e:
+            self._file.close()
+            if complete:
+                raise VideoError(f"cannot finish {self.path}: {e}; check disk space") from e
+            log.warning("cannot finish %s after an interruption: %s", self.path, e)
+            return None
+        if not complete:
+            log.warning(
+                "run interrupted: %s holds the %d frames done", self.path, self.frames_written
+            )
+        return self.path
+
+    def __enter__(self) -> "JsonSink":
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close(complete=exc_type is None)
+
+
+class MasksDirSink:
+    """One indexed PNG per frame, ``<dir>/<frame_index:06d>.png``.
+
+    Pixel value = object id + ``id_offset`` (0 = background); where objects overlap, the later
+    object in the result wins. A frame is written as 8-bit PNG when its largest value fits in
+    255 and as 16-bit otherwise; read them with ``cv2.imread(p, cv2.IMREAD_UNCHANGED)`` (or
+    PIL), which keeps the values. A value must lie in 1..65535: pass ``id_offset=1`` if object
+    ids start at 0, so object 0 is not mistaken for background.
+    """
+
+    def __init__(self, directory: str | os.PathLike[str], id_offset: int = 0) -> None:
+        self.directory = Path(directory)
+        self.id_offset = int(id_offset)
+        self.frames_written = 0
+        try:
+            self.directory.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise VideoError(f"cannot create the masks folder {self.directory}: {e}") from e
+
+    def path_for(self, frame_index: int) -> Path:
+        return self.directory / f"{int(frame_index):06d}.png"
+
+    def label_image(self, result: FrameResult) -> np.ndarray:
+        """The ``[H, W]`` id image written for ``result`` (uint8 or uint16)."""
+        values = result.object_ids.astype(np.int64) + self.id_offset
+        if values.size and (values.min() < 1 or values.max() > 65535):
+            bad = int(result.object_ids[(values < 1) | (values > 65535)][0])
+            raise VideoError(
+                f"frame {result.frame_index}: object id {bad} + id_offset {self.id_offset} is "
+                f"outside 1..65535, which a PNG label image can hold (0 is background); "
+                f"use id_offset=1 for ids starting at 0, or the JSON sink"
+            )
+        dtype = np.uint8 if not values.size or values.max() <= 255 else np.uint16
+        labels = np.zeros((result.height, result.width), dtype)
+        for value, mask in zip(values, result.masks):
+            labels[np.asarray(mask, dtype=bool)] = value  # later objects overwrite earlier ones
+        return labels
+
+    def write(self, result: FrameResult) -> None:
+        path = self.path_for(result.frame_index)
+        ok, data = cv2.imencode(".png", self.label_image(result))
+        if not ok:
+            raise VideoError(f"cannot encode the mask PNG for frame {result.frame_index}")
+        tmp = path.with_name(path.name + ".partial")
+        try:
+            tmp.write_bytes(data.tobytes())
+            os.replace(tmp, path)  # never leave a half-written PNG under the final name
+        except OSError as e:
+            tmp.unlink(missing_ok=True)
+            raise VideoError(
+                f"cannot write {path} (frame {result.frame_index}): {e}; check disk space"
+            ) from e
+        self.frames_written += 1
+
+    def close(self, complete: bool = True) -> Path:
+        return self.directory
+
+    def __enter__(self) -> "MasksDirSink":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,120 @@
+"""The export side: a tiny checkpoint exported through the real loading path, checked graph by graph."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from graphs import export
+from graphs.check import run_checks
+from graphs.checkpoint import CheckpointError, validate_checkpoint
+
+
+def test_every_graph_matches_the_reference_at_every_size(tiny_bundle):
+    rows = run_checks(tiny_bundle, log=lambda *_: None)
+    failing = [r for r in rows if not r.ok]
+    assert not failing, "\n".join(f"{r.graph} {r.case} {r.output} rel={r.rel:.2e} {r.note}" for r in failing)
+    cases = {(r.graph, r.case) for r in rows}
+    # the sizes the checker promises: N = 1, 3, 8; K memories 1..10; prompts 1, 2, 5
+    for n in (1, 3, 8):
+        assert any(g == "propagation_decoder" and c.startswith(f"N={n} ") for g, c in cases)
+    assert {c for g, c in cases if g == "propagation_decoder" and c.startswith("N=3 ")} >= {
+        f"N=3 K={k} P={min(2 * k - 1, 19)}" for k in range(1, 11)}
+    assert {c for g, c in cases if g == "grounding_head"} == {"K=1", "K=2", "K=5"}
+
+
+def test_manifest_describes_graphs_tokenizer_and_source(tiny_bundle):
+    m = json.loads((tiny_bundle / "manifest.json").read_text())
+    assert m["format_version"] == export.FORMAT_VERSION
+    assert set(m["graphs"]) == set(export.GRAPHS)
+    for name, g in m["graphs"].items():
+        assert (tiny_bundle / g["file"]).is_file()
+        assert len(g["sha256"][g["file"]]) == 64
+        assert g["inputs"] and g["outputs"]
+    assert m["config"]["heuristics"]["new_det_thresh"] == 0.7
+    assert m["tokenizer"]["max_length"] == 32 and (tiny_bundle / "tokenizer" / "tokenizer.json").is_file()
+    assert m["source"]["checkpoint"] == "source" and m["source"]["weights_sha256"]
+    assert m["exporter"]["torch"].startswith("2.13.0")
+
+
+def test_tiny_export_is_deterministic(tiny_bundle, tmp_path):
+    again = export.export_bundle(None, tmp_path / "again", tiny_seed=0, log=lambda *_: None)
+    a = json.loads((tiny_bundle / "manifest.json").read_text())["source"]["weights_sha256"]
+    b = json.loads((again / "manifest.json").read_text())["source"]["weights_sha256"]
+    assert a == b
+
+
+def test_missing_checkpoint_directory(tmp_path):
+    with pytest.raises(CheckpointError, match="does not exist"):
+        validate_checkpoint(tmp_path / "nope")
+
+
+def test_partial_checkpoint_names_the_missing_shard(tiny_bundle, tmp_path):
+    ck = tmp_path / "ck"
+    shutil.copytree(tiny_bundle / "source", ck)
+    (ck / "model.safetensors").rename(ck / "model-00001-of-00002.safetensors")
+    (ck / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {
+        "a": "model-00001-of-00002.safetensors", "b": "model-00002-of-00002.safetensors"}}))
+    with pytest.raises(CheckpointError, match="model-00002-of-00002.safetensors is missing"):
+        validate_checkpoint(ck)
+
+
+def test_other_model_type_is_refused(tiny_bundle, tmp_path):
+    ck = tmp_path / "ck"
+    shutil.copytree(tiny_bundle / "source", ck)
+    cfg = json.loads((ck / "config.json").read_text())
+    cfg["model_type"] = "sam2_video"
+    (ck / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(CheckpointError, match="'sam2_video'"):
+        validate_checkpoint(ck)
+
+
+def test_cli_reports_bad_input_in_one_line(tmp_path):
+    out = subprocess.run([sys.executable, "-m", "graphs.export", "--checkpoint", str(tmp_path / "missing"),
+                          "--out", str(tmp_path / "b")], capture_output=True, text=True)
+    assert out.returncode == 2
+    assert "does not exist" in out.stderr and "Traceback" not in out.stderr
+    assert not (tmp_path / "b").exists()
+
+
+def test_unwritable_output_directory(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    with pytest.raises(export.ExportError, match="cannot write the bundle"):
+        export.export_bundle(None, blocker / "bundle", tiny_seed=0, log=lambda *_: None)
+
+
+def test_failed_export_leaves_nothing_that_looks_like_a_bundle(tmp_path, monkeypatch):
+    real = export._export_graph
+    calls = []
+
+    def fail_on_third(*args, **kwargs):
+        calls.append(args[1])
+        if len(calls) == 3:
+            raise KeyboardInterrupt  # an interrupted export, mid-way
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(export, "_export_graph", fail_on_third)
+    with pytest.raises(KeyboardInterrupt):
+        export.export_bundle(None, tmp_path / "bundle", tiny_seed=0, log=lambda *_: None)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_existing_bundle_is_kept_without_overwrite(tiny_bundle):
+    with pytest.raises(export.ExportError, match="already exists"):
+        export.export_bundle(None, tiny_bundle, tiny_seed=0, log=lambda *_: None)
+
+
+def test_fp16_graphs_export_and_stay_close(tiny_bundle, tmp_path):
+    out = export.export_bundle(Path(tiny_bundle) / "source", tmp_path / "half",
+                               fp16=("memory_encoder", "mask_init"), log=lambda *_: None)
+    m = json.loads((out / "manifest.json").read_text())
+    assert m["graphs"]["mask_init"]["precision"] == "fp16" and m["graphs"]["text_encoder"]["precision"] == "fp32"
+    rows = run_checks(out, checkpoint=Path(tiny_bundle) / "source", graphs=["memory_encoder", "mask_init"],
+                      log=lambda *_: None)
+    assert rows and all(r.ok for r in rows), [(r.case, r.output, r.rel) for r in rows if not r.ok]
