@@ -17,6 +17,8 @@ import torch
 IMAGE_SIZE = 112  # a multiple of the 14 px patch: an 8 x 8 token grid
 PATCH = 14
 HIDDEN = 128  # FPN / DETR / tracker width
+SCORE_GAIN = 12.0
+PRESENCE_LOGIT = 4.0
 # Words the tiny BPE merges whole, so common prompts are a few tokens like with the real CLIP vocab.
 _WORDS = (
     "person people man woman child dog cat bird horse car bike bicycle motorbike bus truck boat ball "
@@ -67,6 +69,10 @@ def tiny_config():
     cfg.image_size = IMAGE_SIZE  # propagates to detector, tracker and prompt encoder
     trk.prompt_encoder_config.image_size = IMAGE_SIZE
     cfg.low_res_mask_size = 4 * grid
+    # Random weights score lower than a trained model: lower thresholds so objects are born, tracked and
+    # removed on the sample clips. They travel in config.json, so the reference uses them too.
+    cfg.score_threshold_detection = 0.2
+    cfg.new_det_thresh = 0.5
     return cfg
 
 
@@ -103,6 +109,11 @@ def _rescale_weights(model: torch.nn.Module, seed: int) -> None:
             param.copy_(torch.randn(param.shape, generator=gen) / fan_in**0.5)
         elif name.endswith("bias"):
             param.copy_(torch.randn(param.shape, generator=gen) * 0.1)
+    # Spread detection logits (query x text dot products) so scores cross the thresholds depending on
+    # the image, and make the presence head confident, as a trained model is on frames with the concept.
+    scoring = model.detector_model.dot_product_scoring
+    scoring.query_proj.weight.mul_(SCORE_GAIN)
+    model.detector_model.detr_decoder.presence_head.layer3.bias.fill_(PRESENCE_LOGIT)
 
 
 def write_tiny_checkpoint(out_dir: Path, seed: int = 0) -> Path:

@@ -1,0 +1,88 @@
+"""The narrow interface every backend implements: graphs in, named device tensors in and out.
+
+The predictor never sees a backend's own types: it holds `DeviceTensor` handles, copies to the host
+only through `to_host`, and every host <-> device copy is counted in `transfers`.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+
+@dataclass
+class DeviceTensor:
+    """An opaque handle to memory on the backend's device (`handle` belongs to the backend)."""
+
+    shape: tuple[int, ...]
+    dtype: np.dtype
+    handle: Any = field(repr=False)
+
+    @property
+    def nbytes(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64)) * np.dtype(self.dtype).itemsize
+
+
+@dataclass
+class TransferStats:
+    host_to_device: int = 0
+    host_to_device_bytes: int = 0
+    device_to_host: int = 0
+    device_to_host_bytes: int = 0
+
+    def snapshot(self) -> "TransferStats":
+        return TransferStats(**vars(self))
+
+    def since(self, earlier: "TransferStats") -> "TransferStats":
+        return TransferStats(**{k: getattr(self, k) - getattr(earlier, k) for k in vars(self)})
+
+
+class Graph(ABC):
+    """A loaded graph; run it through its backend."""
+
+    name: str
+    input_names: tuple[str, ...]
+    output_names: tuple[str, ...]
+
+
+class Backend(ABC):
+    name: str
+
+    def __init__(self) -> None:
+        self.transfers = TransferStats()
+
+    @abstractmethod
+    def load(self, name: str, path: str) -> Graph: ...
+
+    @abstractmethod
+    def upload(self, array: np.ndarray) -> DeviceTensor:
+        """Copy a host array to a new device tensor."""
+
+    @abstractmethod
+    def empty(self, shape: tuple[int, ...], dtype) -> DeviceTensor:
+        """Allocate an uninitialised device tensor (pools, preallocated outputs)."""
+
+    @abstractmethod
+    def rows(self, tensor: DeviceTensor, start: int, count: int) -> DeviceTensor:
+        """A view of rows [start, start + count) of a contiguous tensor, sharing its memory."""
+
+    @abstractmethod
+    def copy(self, src: DeviceTensor, dst: DeviceTensor) -> None:
+        """Device-to-device copy between tensors (or views) of equal shape."""
+
+    @abstractmethod
+    def to_host(self, tensor: DeviceTensor, rows: np.ndarray | None = None) -> np.ndarray:
+        """Copy a tensor, or only the given rows of it, to a new host array."""
+
+    @abstractmethod
+    def run(self, graph: Graph, inputs: dict[str, DeviceTensor],
+            outputs: dict[str, DeviceTensor] | None = None) -> dict[str, DeviceTensor]:
+        """Run `graph`. Outputs named in `outputs` are written into those tensors (views of pools, say);
+        the others come back as new device tensors."""
+
+    @abstractmethod
+    def close(self) -> None:
+        """Release every graph and buffer; idempotent."""

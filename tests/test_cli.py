@@ -1,0 +1,383 @@
+"""The ``sam3track`` command line: track, demo, info; outputs, Ctrl-C and user errors."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import cv2
+import numpy as np
+import pytest
+
+import sam3track
+from sam3track.cli import main
+from sam3track.render import draw_objects
+from sam3track.results import FrameResult
+from sam3track.sinks import decode_rle
+from sam3track.video import open_video
+
+REPO = Path(__file__).resolve().parents[1]
+BIKES = REPO / "examples" / "clips" / "bikes.mp4"
+START, COUNT = 76, 12
+
+
+def _env() -> dict[str, str]:
+    """Environment for a child ``python -m sam3track.cli``: this checkout first on the path."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p)
+    return env
+
+
+def _result_from_json(frame: dict) -> FrameResult:
+    objects = frame["objects"]
+    h, w = frame["height"], frame["width"]
+    return FrameResult(
+        frame_index=frame["frame_index"],
+        object_ids=np.asarray([o["object_id"] for o in objects], np.int64),
+        scores=np.asarray([o["score"] for o in objects], np.float32),
+        boxes_xyxy=np.asarray([o["box_xyxy"] for o in objects], np.float32).reshape(-1, 4),
+        masks=np.asarray([decode_rle(o) for o in objects], bool).reshape(-1, h, w),
+        prompts=[o["prompt"] for o in objects],
+    )
+
+
+# -- track: a real run over frames 76..87 of bikes.mp4 ---------------------------------------
+
+
+@pytest.fixture(scope="module")
+def tracked(tiny_bundle: Path, tmp_path_factory) -> dict:
+    out_dir = tmp_path_factory.mktemp("track")
+    paths = {"video": out_dir / "bikes.masks.mp4", "json": out_dir / "bikes.json",
+             "masks": out_dir / "masks"}
+    rc = main([
+        "track", str(BIKES), "--prompt", "person", "--bundle", str(tiny_bundle),
+        "-o", str(paths["video"]), "--json", str(paths["json"]), "--masks-dir", str(paths["masks"]),
+        "--start-frame", str(START), "--max-frames", str(COUNT),
+    ])
+    assert rc == 0
+    paths["doc"] = json.loads(paths["json"].read_text())
+    return paths
+
+
+def test_track_video_keeps_size_frame_count_and_timing(tracked: dict) -> None:
+    assert sorted(p.name for p in tracked["video"].parent.iterdir()) == [
+        "bikes.json", "bikes.masks.mp4", "masks"]  # no .partial left behind
+    with open_video(BIKES) as src, open_video(tracked["video"]) as out:
+        assert (out.width, out.height) == (src.width, src.height) == (640, 272)
+        assert len(out) == COUNT
+        got = [f.time for f in out.frames()]
+        want = [f.time for f in src.frames(START, START + COUNT)]
+        assert got == pytest.approx(want, abs=1e-6)
+    doc = tracked["doc"]
+    assert doc["complete"] is True and doc["num_frames"] == len(doc["frames"]) == COUNT
+    assert [f["frame_index"] for f in doc["frames"]] == list(range(START, START + COUNT))
+
+
+def _check_pixels(video: Path, doc: dict) -> int:
+    """Mask pixels tinted, pixels far from every object unchanged (up to codec error).
+
+    Returns how many frames had a big, contrasting mask interior to check the tint on.
+    """
+    tinted = 0
+    start = doc["frames"][0]["frame_index"]
+    with open_video(BIKES) as src, open_video(video) as out:
+        inputs = src.frames(start, start + len(doc["frames"]))
+        for entry, s, o in zip(doc["frames"], inputs, out.frames(), strict=True):
+            result = _result_from_json(entry)
+            src_rgb = s.rgb.astype(np.int16)
+            out_rgb = o.rgb.astype(np.int16)
+            # Far from every mask, box and label: the input frame, up to codec error.
+            near = np.zeros((out.height, out.width), np.uint8)
+            for m in result.masks:
+                near |= m.astype(np.uint8)
+            near = cv2.dilate(near, np.ones((21, 21), np.uint8))
+            for x0, y0, x1, y1 in np.nan_to_num(result.boxes_xyxy).astype(int):
+                # labels sit above the box and may run past its right edge
+                near[max(y0 - 35, 0):y1 + 10, max(x0 - 10, 0):max(x1, x0 + 260) + 10] = 1
+            far = near == 0
+            assert far.sum() > 1000
+            assert np.abs(out_rgb[far] - src_rgb[far]).mean() < 6, entry["frame_index"]
+            if not len(result):
+                continue
+            # Inside the masks: what draw_objects gives on the input, clearly unlike the input.
+            expected = draw_objects(s.rgb, result).astype(np.int16)
+            union = np.any(result.masks, axis=0).astype(np.uint8)
+            inner = cv2.erode(union, np.ones((7, 7), np.uint8)).astype(bool)
+            if inner.sum() < 200:
+                continue
+            assert np.abs(out_rgb[inner] - expected[inner]).mean() < 6, entry["frame_index"]
+            if np.abs(expected[inner] - src_rgb[inner]).mean() > 25:  # the tint contrasts here
+                assert np.abs(out_rgb[inner] - src_rgb[inner]).mean() > 20, entry["frame_index"]
+                tinted += 1
+    return tinted
+
+
+def test_track_video_colours_masks_and_leaves_the_rest(tracked: dict) -> None:
+    # The tiny bundle's random weights may find no objects at all: then this checks that every
+    # frame is the input untouched, and the JSON still has one entry per frame processed.
+    _check_pixels(tracked["video"], tracked["doc"])
+    assert len(tracked["doc"]["frames"]) == COUNT
+
+
+class _ScriptedSession:
+    """Two discs (object ids 0 and 7) drifting right: known masks to check the drawing with."""
+
+    def __init__(self, source: str) -> None:
+        self.reader = open_video(source)
+
+    def add_prompt(self, frame_index: int = 0, text: str = "") -> None:
+        self.text = text
+
+    def propagate(self, direction="forward", start_frame=None, max_frames=None):
+        start = start_frame or 0
+        stop = len(self.reader) if max_frames is None else min(len(self.reader), start + max_frames)
+        h, w = self.reader.height, self.reader.width
+        for i in range(start, stop):
+            masks = np.zeros((2, h, w), np.uint8)
+            cv2.circle(masks[0], (150 + 2 * (i - start), 140), 45, 1, -1)
+            cv2.circle(masks[1], (420, 120 + (i - start)), 35, 1, -1)
+            boxes = []
+            for m in masks:
+                ys, xs = np.nonzero(m)
+                boxes.append([xs.min(), ys.min(), xs.max() + 1, ys.max() + 1])
+            yield FrameResult(i, np.array([0, 7], np.int64), np.array([0.9, 0.8], np.float32),
+                              np.asarray(boxes, np.float32), masks.astype(bool),
+                              [self.text, self.text])
+
+    def close(self) -> None:
+        self.reader.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+class _ScriptedPredictor:
+    def start_session(self, source):
+        return _ScriptedSession(source)
+
+    def close(self) -> None:
+        pass
+
+
+def test_track_tints_known_masks(tmp_path: Path, monkeypatch) -> None:
+    """The drawing and the outputs, with masks known in advance (the model's are random)."""
+    monkeypatch.setattr(sam3track, "load", lambda *args, **kwargs: _ScriptedPredictor())
+    (tmp_path / "bundle").mkdir()
+    video, doc_path, masks = tmp_path / "o.mp4", tmp_path / "o.json", tmp_path / "masks"
+    assert main(["track", str(BIKES), "--prompt", "person", "--bundle", str(tmp_path / "bundle"),
+                 "-o", str(video), "--json", str(doc_path), "--masks-dir", str(masks),
+                 "--start-frame", "30", "--max-frames", "6"]) == 0
+    doc = json.loads(doc_path.read_text())
+    assert [f["frame_index"] for f in doc["frames"]] == list(range(30, 36))
+    assert _check_pixels(video, doc) == 6
+    script = _ScriptedSession(str(BIKES))
+    script.add_prompt(30, "person")
+    for result, entry in zip(script.propagate(start_frame=30, max_frames=6), doc["frames"]):
+        assert [o["object_id"] for o in entry["objects"]] == [0, 7]
+        for o, mask in zip(entry["objects"], result.masks):
+            assert np.array_equal(decode_rle(o), mask)
+        png = cv2.imread(str(masks / f"{result.frame_index:06d}.png"), cv2.IMREAD_UNCHANGED)
+        assert png.dtype == np.uint8 and set(np.unique(png)) == {0, 1, 8}
+        assert np.array_equal(png == 1, result.masks[0] & ~result.masks[1])
+        assert np.array_equal(png == 8, result.masks[1])
+    script.close()
+
+
+def test_track_json_and_pngs_match_the_python_api(tracked: dict, tiny_bundle: Path) -> None:
+    predictor = sam3track.load(tiny_bundle, backend="onnxruntime", device="cpu")
+    try:
+        with predictor.start_session(str(BIKES)) as session:
+            session.add_prompt(frame_index=START, text="person")
+            api = list(session.propagate(direction="forward", start_frame=START, max_frames=COUNT))
+    finally:
+        predictor.close()
+    frames = tracked["doc"]["frames"]
+    assert [r.frame_index for r in api] == [f["frame_index"] for f in frames]
+    for result, entry in zip(api, frames):
+        objs = entry["objects"]
+        assert [o["object_id"] for o in objs] == [int(i) for i in result.object_ids]
+        assert [o["prompt"] for o in objs] == list(result.prompts)
+        for o, mask in zip(objs, result.masks):
+            assert np.array_equal(decode_rle(o), mask)
+        # PNG: pixel value = object id + 1, 0 = background; later objects win overlaps.
+        png = cv2.imread(str(tracked["masks"] / f"{result.frame_index:06d}.png"),
+                         cv2.IMREAD_UNCHANGED)
+        want = np.zeros((result.height, result.width), np.int64)
+        for oid, mask in zip(result.object_ids, result.masks):
+            want[mask] = int(oid) + 1
+        assert np.array_equal(png.astype(np.int64), want)
+
+
+# -- Ctrl-C ------------------------------------------------------------------------------------
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="SIGINT to a child process is POSIX-only")
+def test_sigint_leaves_valid_partial_outputs(tiny_bundle: Path, tmp_path: Path) -> None:
+    video, doc = tmp_path / "part.mp4", tmp_path / "part.json"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "sam3track.cli", "track", str(BIKES), "--prompt", "person",
+         "--bundle", str(tiny_bundle), "-o", str(video), "--json", str(doc), "--max-frames", "40"],
+        cwd=tmp_path, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    partial = tmp_path / "part.json.partial"
+    deadline = time.monotonic() + 60
+    try:
+        # The JSON sink flushes each frame: wait until a few are done, then press Ctrl-C.
+        while time.monotonic() < deadline and proc.poll() is None:
+            if partial.exists() and partial.read_text().count('"frame_index"') >= 3:
+                break
+            time.sleep(0.005)
+        assert proc.poll() is None, f"the run ended before it could be interrupted:\n{proc.communicate()}"
+        proc.send_signal(signal.SIGINT)
+        stdout, stderr = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, stderr
+    assert "Traceback" not in stderr
+    assert "interrupted after" in stderr and "partial outputs written to" in stderr
+    with open_video(video) as out:
+        n = len(out)
+        assert 1 <= n < 40
+        assert len(list(out.frames())) == n
+    data = json.loads(doc.read_text())
+    assert data["complete"] is False
+    assert data["num_frames"] == len(data["frames"]) == n
+    assert f"interrupted after {n} frames" in stderr
+    assert not list(tmp_path.glob("*.partial"))
+
+
+# -- user errors: exit code 2, a message naming the culprit, no traceback ------------------------
+
+
+def _run_error(args: list[str], capsys) -> str:
+    rc = main(args)
+    captured = capsys.readouterr()
+    assert rc == 2, captured
+    assert "Traceback" not in captured.err
+    return captured.err
+
+
+def _zero_frame_mp4(path: Path) -> Path:
+    import av
+
+    with av.open(str(path), "w", format="mp4") as container:
+        stream = container.add_stream("libx264", rate=25)
+        stream.width, stream.height, stream.pix_fmt = 64, 64, "yuv420p"
+        container.start_encoding()
+    return path
+
+
+def test_bad_videos(tmp_path: Path, tiny_bundle: Path, capsys) -> None:
+    common = ["--prompt", "person", "--bundle", str(tiny_bundle), "-o", str(tmp_path / "o.mp4")]
+    missing = tmp_path / "missing.mp4"
+    err = _run_error(["track", str(missing), *common], capsys)
+    assert "error:" in err and "missing.mp4" in err and "not found" in err
+
+    text = tmp_path / "x.mp4"
+    text.write_text("this is not a video\n")
+    assert "x.mp4" in _run_error(["track", str(text), *common], capsys)
+
+    empty = _zero_frame_mp4(tmp_path / "empty.mp4")
+    assert "empty.mp4" in _run_error(["track", str(empty), *common], capsys)
+
+    truncated = tmp_path / "truncated.mp4"
+    data = BIKES.read_bytes()
+    truncated.write_bytes(data[: len(data) // 3])
+    assert "truncated.mp4" in _run_error(["track", str(truncated), *common], capsys)
+    assert not (tmp_path / "o.mp4").exists()
+
+
+def test_bad_outputs_bundles_and_frames(tmp_path: Path, tiny_bundle: Path, capsys) -> None:
+    base = ["track", str(BIKES), "--prompt", "person"]
+    bundle = ["--bundle", str(tiny_bundle)]
+    blocker = tmp_path / "file.txt"
+    blocker.write_text("a file, not a folder")
+    err = _run_error([*base, *bundle, "-o", str(blocker / "out.mp4")], capsys)
+    assert "file.txt" in err and "not a folder" in err
+    err = _run_error([*base, *bundle, "-o", str(tmp_path / "o.mp4"),
+                      "--json", str(tmp_path / "nodir" / "o.json")], capsys)
+    assert "nodir" in err and "does not exist" in err
+    err = _run_error([*base, *bundle, "-o", str(tmp_path / "o.mp4"),
+                      "--masks-dir", str(blocker / "masks")], capsys)
+    assert "file.txt" in err
+
+    out = ["-o", str(tmp_path / "o.mp4")]
+    err = _run_error([*base, "--bundle", str(tmp_path / "no-bundle"), *out], capsys)
+    assert "no-bundle" in err and "not found" in err
+    not_a_bundle = tmp_path / "not-a-bundle"
+    not_a_bundle.mkdir()
+    assert "not-a-bundle" in _run_error([*base, "--bundle", str(not_a_bundle), *out], capsys)
+
+    err = _run_error([*base, *bundle, *out, "--start-frame", "250"], capsys)
+    assert "--start-frame 250" in err and "250 frames" in err
+    assert "--start-frame" in _run_error([*base, *bundle, *out, "--start-frame", "-3"], capsys)
+    assert "--max-frames" in _run_error([*base, *bundle, *out, "--max-frames", "0"], capsys)
+    assert "--prompt" in _run_error([*base[:2], "--prompt", "  ", *bundle, *out], capsys)
+    # Every check ran before any work: nothing was written.
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["file.txt", "not-a-bundle"]
+
+
+def test_errors_through_the_real_entry_point(tmp_path: Path) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "sam3track.cli", "track", str(tmp_path / "nope.mp4"),
+         "--prompt", "person", "--bundle", str(tmp_path)],
+        env=_env(), capture_output=True, text=True, timeout=60,
+    )
+    assert proc.returncode == 2
+    assert proc.stderr.startswith("error: ") and "nope.mp4" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+# -- info and demo -----------------------------------------------------------------------------
+
+
+def test_info_lists_every_graph(tiny_bundle: Path, tmp_path: Path, capsys) -> None:
+    assert main(["info", str(tiny_bundle)]) == 0
+    out = capsys.readouterr().out
+    manifest = json.loads((tiny_bundle / "manifest.json").read_text())
+    for name, graph in manifest["graphs"].items():
+        assert name in out
+        for tensor in graph["inputs"] + graph["outputs"]:
+            assert tensor["name"] in out
+    assert "format version" in out and "onnxruntime" in out and "ascend OM" in out
+    assert "CPUExecutionProvider" in out and "RANDOM weights" in out
+
+    err = _run_error(["info", str(tmp_path)], capsys)
+    assert "manifest.json" in err and str(tmp_path) in err
+
+
+def test_demo_builds_its_bundle_once_and_tracks(tmp_path: Path, monkeypatch, capsys) -> None:
+    from sam3track.demo import demo_bundle_path
+
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("SAM3TRACK_CACHE_DIR", str(cache))
+    # Two concurrent first uses: one builds, the other waits for it and reuses the bundle.
+    builds: list[str] = []
+    paths: list[Path] = []
+    threads = [threading.Thread(target=lambda: paths.append(demo_bundle_path(log=builds.append)))
+               for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(paths) == 2 and paths[0] == paths[1] == cache / "demo-bundle-v1"
+    assert len(builds) == 1 and (paths[0] / "manifest.json").is_file()
+    assert sorted(p.name for p in cache.iterdir()) == ["demo-bundle-v1", "demo-bundle-v1.lock"]
+
+    video = tmp_path / "demo.mp4"
+    assert main(["demo", "-o", str(video), "--max-frames", "4"]) == 0
+    captured = capsys.readouterr()
+    assert "random weights" in captured.out.lower()
+    assert "python -m graphs.export --checkpoint" in captured.out
+    with open_video(video) as out:
+        assert len(out) == 4 and (out.width, out.height) == (640, 272)
