@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import signal
 import sys
@@ -26,7 +27,7 @@ from typing import Any, TextIO
 from tqdm import tqdm
 
 import sam3track
-from sam3track.errors import Sam3TrackError, VideoError
+from sam3track.errors import Sam3TrackError
 from sam3track.render import draw_objects
 from sam3track.sinks import JsonSink, MasksDirSink
 from sam3track.video import MaskVideoWriter, open_source
@@ -405,14 +406,14 @@ def _propagate(
     except KeyboardInterrupt:
         with guard.finalising():
             _close_bar(bar)
-            kept = _close_all(sinks, written, complete=False)
+            kept = _close_all(sinks, written, complete=False, frames_done=done)
         where = f"partial outputs written to {', '.join(kept)}" if kept else "no outputs written"
         print(f"interrupted after {done} frames; {where}", file=err)
         return EXIT_INTERRUPTED
     except (Sam3TrackError, OSError) as e:
         with guard.finalising():
             _close_bar(bar)
-            kept = _close_all(sinks, written, complete=False)
+            kept = _close_all(sinks, written, complete=False, frames_done=done)
         where = f"; partial outputs ({done} frames) written to {', '.join(kept)}" if kept else ""
         print(f"error: {e}{where}", file=err)
         return EXIT_ERROR
@@ -427,14 +428,15 @@ def _propagate(
             for sink in sinks:
                 sink.close(complete=True)
         except (Sam3TrackError, OSError):
-            _close_all(sinks, written, complete=False)
+            _close_all(sinks, written, complete=False, frames_done=done)
             raise
     elapsed = time.perf_counter() - started
     fps = done / elapsed if elapsed > 0 else float("inf")
     outputs = ", ".join(str(p) + ("/" if p == masks_out else "") for p in written)
     print(
         f"tracked {done} frames ({start}..{start + done - 1}) in {elapsed:.1f} s "
-        f"({fps:.1f} frames/s), {len(seen)} objects seen; wrote {outputs}",
+        f"({fps:.1f} frames/s), {len(seen)} object{'' if len(seen) == 1 else 's'} seen; "
+        f"wrote {outputs}",
         file=out,
     )
     return EXIT_OK
@@ -448,17 +450,39 @@ def _close_bar(bar: Any) -> None:
             pass
 
 
-def _close_all(sinks: list[Any], paths: list[Path], complete: bool) -> list[str]:
-    """Close every sink (never raising); the paths that hold something afterwards."""
+def _drop_interrupt_notes(record: logging.LogRecord) -> bool:
+    # The sinks log "run interrupted: <file> holds N frames" each; the CLI says it in one line.
+    return not str(record.msg).startswith("run interrupted")
+
+
+def _close_all(
+    sinks: list[Any], paths: list[Path], complete: bool, frames_done: int
+) -> list[str]:
+    """Close every sink (never raising); the paths that hold something afterwards.
+
+    With no frame done, the JSON (valid but empty) is removed like the video, which the writer
+    never creates without a frame, so a run stopped early leaves no empty outputs behind.
+    """
     kept = []
-    for sink, path in zip(sinks, paths):
-        try:
-            result = sink.close(complete=complete)
-        except Exception as e:  # finalising one output must not stop the others
-            print(f"warning: could not finish {path}: {e}", file=sys.stderr)
-            continue
-        if result is not None and Path(result).exists():
-            kept.append(str(path) + ("/" if isinstance(sink, MasksDirSink) else ""))
+    loggers = [logging.getLogger(name) for name in ("sam3track.video.writer", "sam3track.sinks")]
+    for logger in loggers:
+        logger.addFilter(_drop_interrupt_notes)
+    try:
+        for sink, path in zip(sinks, paths):
+            try:
+                result = sink.close(complete=complete)
+            except Exception as e:  # finalising one output must not stop the others
+                print(f"warning: could not finish {path}: {e}", file=sys.stderr)
+                continue
+            if frames_done == 0 or getattr(sink, "frames_written", 1) == 0:
+                if isinstance(sink, JsonSink) and result is not None:
+                    Path(result).unlink(missing_ok=True)
+                continue
+            if result is not None and Path(result).exists():
+                kept.append(str(path) + ("/" if isinstance(sink, MasksDirSink) else ""))
+    finally:
+        for logger in loggers:
+            logger.removeFilter(_drop_interrupt_notes)
     return kept
 
 

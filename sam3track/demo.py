@@ -17,7 +17,7 @@ from typing import Iterator
 
 from sam3track.errors import Sam3TrackError
 
-DEMO_BUNDLE_NAME = "demo-bundle-v1"
+DEMO_BUNDLE_NAME = "demo-bundle-v2"
 DEMO_SEED = 0
 CACHE_ENV = "SAM3TRACK_CACHE_DIR"  # overrides the cache root (tests, read-only home folders)
 REAL_MODEL_HINT = (
@@ -107,7 +107,15 @@ def demo_bundle_path(log: Callable[[str], None] | None = None) -> Path:
             f"cannot create the cache folder {root} for the demo bundle: {e.strerror or e}; "
             f"set {CACHE_ENV} to a writable folder"
         ) from e
-    with _file_lock(root / f"{DEMO_BUNDLE_NAME}.lock"):
+    try:
+        lock = _file_lock(root / f"{DEMO_BUNDLE_NAME}.lock")
+        lock.__enter__()
+    except OSError as e:
+        raise Sam3TrackError(
+            f"cannot lock the cache folder {root} to build the demo bundle: {e.strerror or e}; "
+            f"set {CACHE_ENV} to a writable folder"
+        ) from e
+    try:
         if _is_bundle(path):  # another process built it while we waited for the lock
             return path
         try:
@@ -132,6 +140,8 @@ def demo_bundle_path(log: Callable[[str], None] | None = None) -> Path:
             raise
         except Exception as e:  # ExportError, CheckpointError, OSError from the exporter
             raise Sam3TrackError(f"cannot build the demo bundle in {path}: {e}") from e
+    finally:
+        lock.__exit__(None, None, None)
     if not _is_bundle(path):
         raise Sam3TrackError(f"building the demo bundle left no manifest.json in {path}")
     return path

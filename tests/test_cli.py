@@ -24,7 +24,10 @@ from sam3track.video import open_video
 
 REPO = Path(__file__).resolve().parents[1]
 BIKES = REPO / "examples" / "clips" / "bikes.mp4"
-START, COUNT = 76, 12
+COUNT = 12
+# (first frame, prompts): the case the CLI was specified with, and one where the tiny bundle's
+# random weights do find objects (they find none for "person" alone on frames 76..87).
+RUNS = [(76, ("person",)), (200, ("person", "bike"))]
 
 
 def _env() -> dict[str, str]:
@@ -50,19 +53,20 @@ def _result_from_json(frame: dict) -> FrameResult:
 # -- track: a real run over frames 76..87 of bikes.mp4 ---------------------------------------
 
 
-@pytest.fixture(scope="module")
-def tracked(tiny_bundle: Path, tmp_path_factory) -> dict:
+@pytest.fixture(scope="module", params=RUNS, ids=lambda run: f"{'+'.join(run[1])}@{run[0]}")
+def tracked(request, tiny_bundle: Path, tmp_path_factory) -> dict:
+    start, prompts = request.param
     out_dir = tmp_path_factory.mktemp("track")
     paths = {"video": out_dir / "bikes.masks.mp4", "json": out_dir / "bikes.json",
              "masks": out_dir / "masks"}
     rc = main([
-        "track", str(BIKES), "--prompt", "person", "--bundle", str(tiny_bundle),
+        "track", str(BIKES), *(a for p in prompts for a in ("--prompt", p)),
+        "--bundle", str(tiny_bundle),
         "-o", str(paths["video"]), "--json", str(paths["json"]), "--masks-dir", str(paths["masks"]),
-        "--start-frame", str(START), "--max-frames", str(COUNT),
+        "--start-frame", str(start), "--max-frames", str(COUNT),
     ])
     assert rc == 0
-    paths["doc"] = json.loads(paths["json"].read_text())
-    return paths
+    return dict(paths, start=start, prompts=prompts, doc=json.loads(paths["json"].read_text()))
 
 
 def test_track_video_keeps_size_frame_count_and_timing(tracked: dict) -> None:
@@ -72,11 +76,12 @@ def test_track_video_keeps_size_frame_count_and_timing(tracked: dict) -> None:
         assert (out.width, out.height) == (src.width, src.height) == (640, 272)
         assert len(out) == COUNT
         got = [f.time for f in out.frames()]
-        want = [f.time for f in src.frames(START, START + COUNT)]
+        start = tracked["start"]
+        want = [f.time for f in src.frames(start, start + COUNT)]
         assert got == pytest.approx(want, abs=1e-6)
     doc = tracked["doc"]
     assert doc["complete"] is True and doc["num_frames"] == len(doc["frames"]) == COUNT
-    assert [f["frame_index"] for f in doc["frames"]] == list(range(START, START + COUNT))
+    assert [f["frame_index"] for f in doc["frames"]] == list(range(start, start + COUNT))
 
 
 def _check_pixels(video: Path, doc: dict) -> int:
@@ -196,8 +201,10 @@ def test_track_json_and_pngs_match_the_python_api(tracked: dict, tiny_bundle: Pa
     predictor = sam3track.load(tiny_bundle, backend="onnxruntime", device="cpu")
     try:
         with predictor.start_session(str(BIKES)) as session:
-            session.add_prompt(frame_index=START, text="person")
-            api = list(session.propagate(direction="forward", start_frame=START, max_frames=COUNT))
+            for text in tracked["prompts"]:
+                session.add_prompt(frame_index=tracked["start"], text=text)
+            api = list(session.propagate(direction="forward", start_frame=tracked["start"],
+                                         max_frames=COUNT))
     finally:
         predictor.close()
     frames = tracked["doc"]["frames"]
@@ -206,6 +213,9 @@ def test_track_json_and_pngs_match_the_python_api(tracked: dict, tiny_bundle: Pa
         objs = entry["objects"]
         assert [o["object_id"] for o in objs] == [int(i) for i in result.object_ids]
         assert [o["prompt"] for o in objs] == list(result.prompts)
+        assert [o["score"] for o in objs] == pytest.approx(result.scores.tolist(), abs=1e-6)
+        for o, box in zip(objs, result.boxes_xyxy):
+            assert o["box_xyxy"] == pytest.approx(box.tolist(), abs=1e-4)
         for o, mask in zip(objs, result.masks):
             assert np.array_equal(decode_rle(o), mask)
         # PNG: pixel value = object id + 1, 0 = background; later objects win overlaps.
@@ -370,9 +380,9 @@ def test_demo_builds_its_bundle_once_and_tracks(tmp_path: Path, monkeypatch, cap
         t.start()
     for t in threads:
         t.join()
-    assert len(paths) == 2 and paths[0] == paths[1] == cache / "demo-bundle-v1"
+    assert len(paths) == 2 and paths[0] == paths[1] == cache / "demo-bundle-v2"
     assert len(builds) == 1 and (paths[0] / "manifest.json").is_file()
-    assert sorted(p.name for p in cache.iterdir()) == ["demo-bundle-v1", "demo-bundle-v1.lock"]
+    assert sorted(p.name for p in cache.iterdir()) == ["demo-bundle-v2", "demo-bundle-v2.lock"]
 
     video = tmp_path / "demo.mp4"
     assert main(["demo", "-o", str(video), "--max-frames", "4"]) == 0

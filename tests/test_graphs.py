@@ -36,7 +36,9 @@ def test_manifest_describes_graphs_tokenizer_and_source(tiny_bundle):
         assert (tiny_bundle / g["file"]).is_file()
         assert len(g["sha256"][g["file"]]) == 64
         assert g["inputs"] and g["outputs"]
-    assert m["config"]["heuristics"]["new_det_thresh"] == 0.7
+    source_config = json.loads((tiny_bundle / "source" / "config.json").read_text())
+    for name in ("new_det_thresh", "hotstart_delay", "score_threshold_detection"):
+        assert m["config"]["heuristics"][name] == source_config[name]
     assert m["tokenizer"]["max_length"] == 32 and (tiny_bundle / "tokenizer" / "tokenizer.json").is_file()
     assert m["source"]["checkpoint"] == "source" and m["source"]["weights_sha256"]
     assert m["exporter"]["torch"].startswith("2.13.0")

