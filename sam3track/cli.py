@@ -38,7 +38,7 @@ EXIT_INTERRUPTED = 130  # 128 + SIGINT, what shells report for a Ctrl-C'd progra
 
 VIDEO_SUFFIXES = (".mp4", ".m4v", ".mov", ".mkv")  # what MaskVideoWriter can write
 MASK_ID_OFFSET = 1  # object ids start at 0; PNG value 0 is background
-DEMO_PROMPTS = ("person", "bicycle")
+DEMO_PROMPTS = ("person", "bike")
 DEMO_MAX_FRAMES = 48
 
 RANDOM_WEIGHTS_NOTE = """\
@@ -725,7 +725,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     demo = sub.add_parser(
         "demo",
-        help="track 'person' and 'bicycle' in the bundled bikes.mp4 with the RANDOM-weights demo bundle",
+        help="track 'person' and 'bike' in the bundled bikes.mp4 with the RANDOM-weights demo bundle",
         description=(
             "Runs `track` on examples/clips/bikes.mp4 with the demo bundle, a tiny SAM 3 with "
             "RANDOM weights built on first use: the masks show the machinery, not the model's "
