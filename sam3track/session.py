@@ -117,12 +117,10 @@ class Session:
     def _run_frame(self, index: int, rgb: np.ndarray, reverse: bool, streaming: bool, num_frames) -> FrameOutput:
         if not self.prompts:
             raise PromptError("no prompt in this session; call session.add_prompt(text=...) first")
-        b = self.backend
         features = self.loop.encode_frame(to_pixel_values(rgb, self.config))
         det = self.loop.detect(features, self._text_pool, self._text_mask_device, len(self.prompts))
         out = self.loop.step(features, det, index, reverse, streaming, num_frames)
         self.bank.evict(index, reverse)
-        del b
         return out
 
     def _result(self, out: FrameOutput, height: int, width: int) -> FrameResult:

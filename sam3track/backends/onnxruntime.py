@@ -127,7 +127,7 @@ class OnnxRuntimeBackend(Backend):
         """Copy with an Identity graph: works for any device ORT runs on, views included."""
         key = np.dtype(src.dtype).name
         if key not in self._copy_sessions:
-            from onnx import TensorProto, helper
+            from onnx import helper
 
             elem = helper.np_dtype_to_tensor_dtype(np.dtype(src.dtype))
             g = helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "copy",
@@ -137,7 +137,6 @@ class OnnxRuntimeBackend(Backend):
             model.ir_version = 9
             self._copy_sessions[key] = self._ort.InferenceSession(model.SerializeToString(),
                                                                   providers=self._providers)
-            del TensorProto
         session = self._copy_sessions[key]
         io = session.io_binding()
         self._bind(io, "x", src, output=False)
