@@ -124,15 +124,31 @@ class Checker:
             out.append(f.permute(1, 2, 0).reshape(1, -1, h, w).numpy())
         return out
 
+    def tracker_frame(self):
+        """Tracker features of one random image: the reference's (HW, 1, C) levels and positions, and
+        the same levels in the graphs' [1, C, H, W] layout."""
+        _, _, trk_feats, trk_pos = self.image_features(1)[0]
+        return trk_feats, trk_pos, self.tracker_head_np(trk_feats)
+
+    def random_prompts(self, count):
+        """``count`` rows of random token ids with random lengths (2..text_length) and their attention mask."""
+        torch, d = self.torch, self.dims
+        ids = torch.randint(0, d.vocab_size, (count, d.text_length), generator=self.gen)
+        lengths = torch.randint(2, d.text_length + 1, (count,), generator=self.gen)
+        mask = (torch.arange(d.text_length)[None] < lengths[:, None]).long()
+        return ids, mask
+
+    def reference_text(self, ids, mask):
+        """The reference text encoder's output for each prompt row, batch 1 each."""
+        get = self.model.detector_model.get_text_features
+        return [get(input_ids=ids[i:i + 1], attention_mask=mask[i:i + 1]) for i in range(len(ids))]
+
     # ------------------------------------------------------------------------------------ graphs
     def check_text_encoder(self):
-        torch, m, d = self.torch, self.model, self.dims
+        torch = self.torch
         for count in (1, 2, 5):
-            ids = torch.randint(0, d.vocab_size, (count, d.text_length), generator=self.gen)
-            lengths = torch.randint(2, d.text_length + 1, (count,), generator=self.gen)
-            mask = (torch.arange(d.text_length)[None] < lengths[:, None]).long()
-            ref = torch.cat([m.detector_model.get_text_features(input_ids=ids[i:i + 1], attention_mask=mask[i:i + 1])
-                             .pooler_output for i in range(count)])
+            ids, mask = self.random_prompts(count)
+            ref = torch.cat([t.pooler_output for t in self.reference_text(ids, mask)])
             got = self.run("text_encoder", {"input_ids": ids.numpy(), "attention_mask": mask.numpy()})
             self.compare("text_encoder", f"M={count}", ["text_features"], got, [ref.numpy()])
 
@@ -152,14 +168,11 @@ class Checker:
             self.compare("backbone", f"I={count}", names, got, ref)
 
     def check_grounding_head(self):
-        torch, m, d = self.torch, self.model, self.dims
+        torch, m = self.torch, self.model
         _, vision, _, _ = self.image_features(1)[0]
         for count in (1, 2, 5):
-            ids = torch.randint(0, d.vocab_size, (count, d.text_length), generator=self.gen)
-            lengths = torch.randint(2, d.text_length + 1, (count,), generator=self.gen)
-            mask = (torch.arange(d.text_length)[None] < lengths[:, None]).long()
-            text = [m.detector_model.get_text_features(input_ids=ids[i:i + 1], attention_mask=mask[i:i + 1])
-                    for i in range(count)]
+            ids, mask = self.random_prompts(count)
+            text = self.reference_text(ids, mask)
             refs = [m.detector_model(vision_embeds=vision, text_embeds=text[i], attention_mask=mask[i:i + 1])
                     for i in range(count)]
             feeds = {f"detector_fpn{i}": vision.fpn_hidden_states[i].numpy() for i in range(3)}
@@ -176,8 +189,7 @@ class Checker:
         trk = self.model.tracker_model
         cfg = trk.config
         d = self.dims
-        _, _, trk_feats, trk_pos = self.image_features(1)[0]
-        head = self.tracker_head_np(trk_feats)
+        trk_feats, trk_pos, head = self.tracker_frame()
         hw = d.grid * d.grid
         k_max = cfg.max_cond_frame_num + cfg.num_maskmem - 1
         p_max = cfg.max_object_pointers_in_encoder - 1 + cfg.max_cond_frame_num
@@ -239,11 +251,8 @@ class Checker:
                          ["low_res_masks", "iou_scores", "object_score_logits", "object_pointer"], got, ref)
 
     def check_memory_encoder(self):
-        torch = self.torch
-        trk = self.model.tracker_model
-        d = self.dims
-        _, _, trk_feats, _ = self.image_features(1)[0]
-        head = self.tracker_head_np(trk_feats)
+        torch, trk, d = self.torch, self.model.tracker_model, self.dims
+        trk_feats, _, head = self.tracker_frame()
         for n in (1, 3, 8):
             scores = torch.randn(n, 1, generator=self.gen) * 5
             for binarize in (False, True):
@@ -279,13 +288,10 @@ class Checker:
         raise RuntimeError("could not draw tie-free mask logits")
 
     def check_mask_init(self):
-        torch = self.torch
-        trk = self.model.tracker_model
-        d = self.dims
-        _, _, trk_feats, _ = self.image_features(1)[0]
-        head = self.tracker_head_np(trk_feats)
         from .specs import F_smooth
 
+        torch, trk, d = self.torch, self.model.tracker_model, self.dims
+        _, _, head = self.tracker_frame()
         for n in (1, 3, 8):
             masks = (F_smooth(torch.randn(n, 1, d.mask_size, d.mask_size, generator=self.gen)) > 0.3)
             masks[-1] = False  # an empty detection mask: the object starts absent

@@ -10,7 +10,6 @@ interrupted or failed export never leaves something that looks like a bundle.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
 import shutil
@@ -19,6 +18,8 @@ import tempfile
 import time
 import warnings
 from pathlib import Path
+
+from sam3track.bundle import file_sha256
 
 from .checkpoint import CheckpointError, load_model, load_tokenizer, validate_checkpoint, weights_sha256
 
@@ -32,14 +33,6 @@ EXTERNAL_DATA_THRESHOLD = 1_800_000_000  # protobuf caps one file at 2 GiB
 
 class ExportError(Exception):
     pass
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 22), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def _export_graph(model, name: str, dims, out_dir: Path, fp16: bool) -> dict:
@@ -86,7 +79,7 @@ def _export_graph(model, name: str, dims, out_dir: Path, fp16: bool) -> dict:
     return {
         "file": path.name,
         "data_files": data_files,
-        "sha256": {f: _sha256(out_dir / f) for f in files},
+        "sha256": {f: file_sha256(out_dir / f) for f in files},
         "bytes": sum((out_dir / f).stat().st_size for f in files),
         "precision": "fp16" if fp16 else "fp32",
         "inputs": tensors(spec.inputs),
@@ -143,7 +136,7 @@ def _write_tokenizer(checkpoint: Path, out_dir: Path, text_length: int) -> dict:
     return {
         "dir": "tokenizer",
         "files": files,
-        "sha256": {f: _sha256(tok_dir / f) for f in files},
+        "sha256": {f: file_sha256(tok_dir / f) for f in files},
         "max_length": text_length,
         "pad_token_id": int(tokenizer.pad_token_id),
         "padding": "max_length",

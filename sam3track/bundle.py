@@ -14,7 +14,8 @@ REQUIRED_GRAPHS = ("text_encoder", "backbone", "grounding_head", "propagation_de
                    "mask_init")
 
 
-def _sha256(path: Path) -> str:
+def file_sha256(path: Path) -> str:
+    """Hex sha256 of a file's contents, read in 4 MiB blocks."""
     digest = hashlib.sha256()
     with open(path, "rb") as f:
         for block in iter(lambda: f.read(1 << 22), b""):
@@ -60,12 +61,12 @@ class Bundle:
         """Compare every graph and tokenizer file with its recorded sha256."""
         for name, g in self.manifest["graphs"].items():
             for file, expected in g["sha256"].items():
-                if _sha256(self.root / file) != expected:
+                if file_sha256(self.root / file) != expected:
                     raise BundleError(f"checksum mismatch for {self.root / file} (graph {name}): the file is "
                                       "corrupted or was changed; export the bundle again")
         tok = self.manifest["tokenizer"]
         for file, expected in tok.get("sha256", {}).items():
-            if _sha256(self.root / tok["dir"] / file) != expected:
+            if file_sha256(self.root / tok["dir"] / file) != expected:
                 raise BundleError(f"checksum mismatch for {self.root / tok['dir'] / file}; export the bundle again")
 
     def graph_path(self, name: str) -> Path:

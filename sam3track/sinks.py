@@ -14,13 +14,18 @@ import math
 import os
 import warnings
 from pathlib import Path
-from types import TracebackType
 from typing import Any, TextIO
 
 import cv2
 import numpy as np
 from pycocotools import mask as mask_utils
 
+from sam3track.atomic_files import (
+    FinishedOnExit,
+    finish_partial,
+    partial_path,
+    write_bytes_atomic,
+)
 from sam3track.errors import VideoError
 from sam3track.results import FrameResult
 
@@ -72,7 +77,7 @@ def _finite(value: float) -> float | None:
     return value if math.isfinite(value) else None
 
 
-class JsonSink:
+class JsonSink(FinishedOnExit):
     """All frames' objects in one JSON file, written incrementally.
 
     Layout::
@@ -96,7 +101,7 @@ class JsonSink:
             raise VideoError(
                 f"cannot write {self.path}: folder {self.path.parent} does not exist; create it"
             )
-        self._tmp = self.path.with_name(self.path.name + ".partial")
+        self._tmp = partial_path(self.path)
         self.frames_written = 0
         self._closed = False
         try:
@@ -152,32 +157,17 @@ class JsonSink:
         try:
             self._file.write(tail)
             self._file.close()
-            os.replace(self._tmp, self.path)
+            holds = f"{self.frames_written} frames done"
+            return finish_partial(self._tmp, self.path, complete=complete, log=log, holds=holds)
         except OSError as e:
             self._file.close()
             if complete:
                 raise VideoError(f"cannot finish {self.path}: {e}; check disk space") from e
             log.warning("cannot finish %s after an interruption: %s", self.path, e)
             return None
-        if not complete:
-            log.warning(
-                "run interrupted: %s holds the %d frames done", self.path, self.frames_written
-            )
-        return self.path
-
-    def __enter__(self) -> "JsonSink":
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close(complete=exc_type is None)
 
 
-class MasksDirSink:
+class MasksDirSink(FinishedOnExit):
     """One indexed PNG per frame, ``<dir>/<frame_index:06d>.png``.
 
     Pixel value = object id + ``id_offset`` (0 = background); where objects overlap, the later
@@ -220,12 +210,9 @@ class MasksDirSink:
         ok, data = cv2.imencode(".png", self.label_image(result))
         if not ok:
             raise VideoError(f"cannot encode the mask PNG for frame {result.frame_index}")
-        tmp = path.with_name(path.name + ".partial")
         try:
-            tmp.write_bytes(data.tobytes())
-            os.replace(tmp, path)  # never leave a half-written PNG under the final name
+            write_bytes_atomic(path, data.tobytes())
         except OSError as e:
-            tmp.unlink(missing_ok=True)
             raise VideoError(
                 f"cannot write {path} (frame {result.frame_index}): {e}; check disk space"
             ) from e
@@ -233,9 +220,3 @@ class MasksDirSink:
 
     def close(self, complete: bool = True) -> Path:
         return self.directory
-
-    def __enter__(self) -> "MasksDirSink":
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()

@@ -12,14 +12,14 @@ import logging
 import os
 from fractions import Fraction
 from pathlib import Path
-from types import TracebackType
 from typing import Any
 
 import av
 import numpy as np
 
+from sam3track.atomic_files import FinishedOnExit, finish_partial, partial_path
 from sam3track.errors import VideoError
-from sam3track.video.reader import DEFAULT_FPS, FrameSource
+from sam3track.video.source import DEFAULT_FPS, FrameSource
 
 log = logging.getLogger(__name__)
 
@@ -35,7 +35,7 @@ def _as_fraction(value: float | Fraction, what: str) -> Fraction:
     return frac
 
 
-class MaskVideoWriter:
+class MaskVideoWriter(FinishedOnExit):
     """Encode RGB frames to H.264 (libx264) at the exact input size and timing.
 
     Pixel format: ``yuv420p`` (plays everywhere) when width and height are even. 4:2:0 chroma
@@ -92,8 +92,7 @@ class MaskVideoWriter:
         self.completed: bool | None = None  # set by close()
         self._last_pts: int | None = None
         self._closed = False
-        # Same folder as the destination, so the final rename is atomic (never across disks).
-        self._tmp = self.path.with_name(self.path.name + ".partial")
+        self._tmp = partial_path(self.path)
         try:
             self._container: Any = av.open(str(self._tmp), mode="w", format=fmt)
         except (av.error.FFmpegError, OSError) as e:
@@ -194,22 +193,5 @@ class MaskVideoWriter:
             if complete:
                 raise VideoError(f"no frames were written to {self.path}; nothing was saved")
             return None
-        os.replace(self._tmp, self.path)
-        if not complete:
-            log.warning(
-                "run interrupted: %s holds the %d frames written so far",
-                self.path,
-                self.frames_written,
-            )
-        return self.path
-
-    def __enter__(self) -> "MaskVideoWriter":
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close(complete=exc_type is None)
+        holds = f"{self.frames_written} frames written so far"
+        return finish_partial(self._tmp, self.path, complete=complete, log=log, holds=holds)

@@ -1,0 +1,54 @@
+"""``sam3track demo``: ``track`` on the bundled bikes.mp4 with the RANDOM-weights demo bundle."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from sam3track.commands.common import EXIT_ERROR, EXIT_INTERRUPTED, print_error
+from sam3track.commands.track import run_track
+from sam3track.errors import Sam3TrackError
+
+DEMO_PROMPTS = ("person", "bike")
+DEMO_MAX_FRAMES = 48
+
+RANDOM_WEIGHTS_NOTE = """\
+NOTE: the demo bundle is a tiny SAM 3 with RANDOM weights. Its masks show the machinery
+(decoding, tracking, drawing, writing), not the model's skill.
+For real masks, export a facebook/sam3 snapshot and track with it:
+    python -m graphs.export --checkpoint /path/to/facebook-sam3-snapshot --out sam3-bundle
+    sam3track track video.mp4 --prompt dog --bundle sam3-bundle"""
+
+
+def demo_clip() -> Path:
+    """``examples/clips/bikes.mp4`` of the repository checkout this package runs from."""
+    return Path(__file__).resolve().parents[2] / "examples" / "clips" / "bikes.mp4"
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    print(RANDOM_WEIGHTS_NOTE, flush=True)
+    clip = demo_clip()
+    if not clip.is_file():
+        print_error(
+            f"the demo clip {clip} is not here: it ships with the repository checkout, not the "
+            f"installed package; run `sam3track track YOUR_VIDEO --prompt person` instead"
+        )
+        return EXIT_ERROR
+    output = args.output if args.output is not None else Path.cwd() / "bikes.masks.mp4"
+    try:
+        from sam3track.demo import demo_bundle_path
+
+        bundle = demo_bundle_path(log=lambda line: print(line, file=sys.stderr))
+    except Sam3TrackError as e:
+        print_error(str(e))
+        return EXIT_ERROR
+    except KeyboardInterrupt:
+        print("interrupted while building the demo bundle; nothing written", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    print(f"tracking {', '.join(repr(p) for p in DEMO_PROMPTS)} in {clip} "
+          f"(first {args.max_frames} frames) with {bundle}", flush=True)
+    return run_track(
+        clip, DEMO_PROMPTS, bundle=bundle, output=output, max_frames=args.max_frames,
+        backend=args.backend, device=args.device,
+    )

@@ -1,0 +1,124 @@
+"""``sam3track info``: a bundle's manifest in brief, and the backends that can run it."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+from sam3track.commands.common import EXIT_ERROR, EXIT_OK, CliError, print_error
+
+
+def _fmt_bytes(n: float) -> str:
+    for unit in ("B", "KB", "MB", "GB"):
+        if n < 1000 or unit == "GB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+    return f"{n:.1f} GB"
+
+
+def _fmt_shape(shape: Any) -> str:
+    if not isinstance(shape, list):
+        return str(shape)
+    return "[" + ", ".join(str(d) for d in shape) + "]"
+
+
+def _fmt_params(n: Any) -> str:
+    if not isinstance(n, (int, float)):
+        return "? parameters"
+    if n >= 1e9:
+        return f"{n / 1e9:.2f} B parameters"
+    if n >= 1e6:
+        return f"{n / 1e6:.1f} M parameters"
+    return f"{int(n)} parameters"
+
+
+def _short_hashes(value: Any) -> str:
+    if isinstance(value, str):
+        return value[:12]
+    if isinstance(value, dict) and value:
+        return ", ".join(f"{str(h)[:12]} ({name})" for name, h in value.items())
+    return "unknown"
+
+
+def _backends_lines() -> list[str]:
+    lines = []
+    try:
+        import onnxruntime
+
+        providers = onnxruntime.get_available_providers()
+        lines.append(f"onnxruntime {onnxruntime.__version__}: providers {', '.join(providers)}")
+    except Exception as e:  # not installed, or a broken build
+        lines.append(f"onnxruntime: not available ({type(e).__name__}: {e}); pip install onnxruntime")
+    lines.append("ascend OM: convert with om/ (not available here)")
+    return lines
+
+
+def cmd_info(args: argparse.Namespace) -> int:
+    bundle = Path(args.bundle)
+    manifest_path = bundle / "manifest.json"
+    try:
+        if not bundle.exists():
+            raise CliError(f"bundle folder not found: {bundle}")
+        if not bundle.is_dir():
+            raise CliError(f"{bundle} is a file; pass a bundle folder")
+        if not manifest_path.is_file():
+            raise CliError(
+                f"{bundle} is not a bundle: it has no manifest.json; export one with "
+                f"python -m graphs.export --checkpoint SNAPSHOT --out {bundle}"
+            )
+        try:
+            manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
+        except (ValueError, UnicodeDecodeError) as e:
+            raise CliError(f"{manifest_path} is not valid JSON ({e}); export the bundle again")
+        if not isinstance(manifest, dict) or not isinstance(manifest.get("graphs"), dict):
+            raise CliError(f"{manifest_path} lists no graphs; export the bundle again")
+    except CliError as e:
+        print_error(str(e))
+        return EXIT_ERROR
+    except OSError as e:
+        print_error(f"cannot read {manifest_path}: {e}")
+        return EXIT_ERROR
+
+    source = manifest.get("source") or {}
+    lines = [f"bundle          {bundle.resolve()}"]
+    lines.append(
+        f"format version  {manifest.get('format_version', '?')}"
+        + (f" (created {manifest['created']})" if manifest.get("created") else "")
+    )
+    src = [str(source.get("model_type", "unknown model")), _fmt_params(source.get("parameters"))]
+    src.append(f"weights sha256 {_short_hashes(source.get('weights_sha256'))}")
+    if source.get("tiny_seed") is not None:
+        src.append(f"tiny seed {source['tiny_seed']}: RANDOM weights")
+    lines.append("source          " + ", ".join(src))
+    exporter = manifest.get("exporter") or {}
+    if exporter:
+        lines.append(
+            "exported with   " + ", ".join(f"{k} {v}" for k, v in exporter.items()
+                                           if k != "export_seconds")
+        )
+    graphs = manifest["graphs"]
+    lines.append(f"graphs          {len(graphs)}")
+    for name, g in graphs.items():
+        g = g if isinstance(g, dict) else {}
+        files = [g.get("file", f"{name}.onnx"), *(g.get("data_files") or [])]
+        missing = [f for f in files if not (bundle / f).is_file()]
+        size = g.get("bytes")
+        if not isinstance(size, (int, float)):
+            size = sum((bundle / f).stat().st_size for f in files if (bundle / f).is_file())
+        status = f"  MISSING {', '.join(missing)}" if missing else ""
+        lines.append(
+            f"  {name:<22} {_fmt_bytes(size):>9}  {g.get('precision', '?'):<5} "
+            f"{', '.join(files)}{status}"
+        )
+        for kind, key in (("in ", "inputs"), ("out", "outputs")):
+            for t in g.get(key) or []:
+                lines.append(
+                    f"      {kind} {t.get('name', '?'):<28} {t.get('dtype', '?'):<8} "
+                    f"{_fmt_shape(t.get('shape'))}"
+                )
+    lines.append("backends")
+    lines.extend(f"  {line}" for line in _backends_lines())
+    print("\n".join(lines))
+    return EXIT_OK

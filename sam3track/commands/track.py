@@ -1,0 +1,303 @@
+"""``sam3track track``: track text prompts through a video into a mask video, JSON and PNGs."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, TextIO
+
+from tqdm import tqdm
+
+import sam3track
+from sam3track.commands.common import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_OK, CliError
+from sam3track.commands.interrupts import InterruptGuard
+from sam3track.commands.outputs import (
+    check_masks_dir,
+    check_output_file,
+    close_all,
+    close_bar,
+    default_output,
+    same_file,
+)
+from sam3track.errors import Sam3TrackError
+from sam3track.render import draw_objects
+from sam3track.sinks import JsonSink, MasksDirSink
+from sam3track.video import MaskVideoWriter, open_source
+
+VIDEO_SUFFIXES = (".mp4", ".m4v", ".mov", ".mkv")  # what MaskVideoWriter can write
+MASK_ID_OFFSET = 1  # object ids start at 0; PNG value 0 is background
+
+
+def run_track(
+    video: str | os.PathLike[str],
+    prompts: Sequence[str],
+    *,
+    bundle: str | os.PathLike[str] | None = None,
+    output: str | os.PathLike[str] | None = None,
+    json_path: str | os.PathLike[str] | None = None,
+    masks_dir: str | os.PathLike[str] | None = None,
+    start_frame: int = 0,
+    max_frames: int | None = None,
+    backend: str = "onnxruntime",
+    device: str = "cpu",
+    stdout: TextIO | None = None,
+    stderr: TextIO | None = None,
+) -> int:
+    """Track ``prompts`` through ``video`` and write the outputs; returns the exit code.
+
+    User errors (:class:`Sam3TrackError`, and OSError on outputs) are printed as
+    ``error: <message>`` and give 2; a Ctrl-C gives 130 after finalising partial outputs.
+    """
+    out = stdout or sys.stdout
+    err = stderr or sys.stderr
+    try:
+        with InterruptGuard() as guard:
+            return _track(
+                guard, Path(video), list(prompts), bundle, output, json_path, masks_dir,
+                start_frame, max_frames, backend, device, out, err,
+            )
+    except KeyboardInterrupt:  # before any output was opened
+        print("interrupted before any frame was processed; no outputs written", file=err)
+        return EXIT_INTERRUPTED
+    except (Sam3TrackError, OSError) as e:
+        print(f"error: {e}", file=err)
+        return EXIT_ERROR
+
+
+def _track(
+    guard: InterruptGuard,
+    video: Path,
+    prompts: list[str],
+    bundle: str | os.PathLike[str] | None,
+    output: str | os.PathLike[str] | None,
+    json_path: str | os.PathLike[str] | None,
+    masks_dir: str | os.PathLike[str] | None,
+    start_frame: int,
+    max_frames: int | None,
+    backend: str,
+    device: str,
+    out: TextIO,
+    err: TextIO,
+) -> int:
+    # 1. Arguments that need no file access.
+    if not prompts:
+        raise CliError("give at least one --prompt TEXT (e.g. --prompt person)")
+    for text in prompts:
+        if not text.strip():
+            raise CliError("--prompt is empty; give the words to find, e.g. --prompt 'red car'")
+    if max_frames is not None and max_frames < 1:
+        raise CliError(f"--max-frames must be at least 1, got {max_frames}")
+    if start_frame < 0:
+        raise CliError(f"--start-frame must be 0 or more, got {start_frame}")
+
+    # 2. The input video (missing, not a video, no frames, undecodable: VideoError here).
+    reader = open_source(video)
+    try:
+        n_frames = len(reader)
+        if start_frame >= n_frames:
+            raise CliError(
+                f"--start-frame {start_frame} is outside {video}, which has {n_frames} frames "
+                f"(valid: 0..{n_frames - 1})"
+            )
+        stop = n_frames if max_frames is None else min(n_frames, start_frame + max_frames)
+
+        # 3. Outputs, checked before any work so a typo doesn't cost a whole run.
+        video_out = Path(output) if output is not None else default_output(video)
+        if video_out.suffix.lower() not in VIDEO_SUFFIXES:
+            raise CliError(
+                f"cannot write {video_out}: unknown video suffix {video_out.suffix!r}; "
+                f"use one of {', '.join(VIDEO_SUFFIXES)}"
+            )
+        check_output_file(video_out, "the video")
+        json_out = Path(json_path) if json_path is not None else None
+        if json_out is not None:
+            check_output_file(json_out, "the JSON")
+        masks_out = Path(masks_dir) if masks_dir is not None else None
+        if masks_out is not None:
+            check_masks_dir(masks_out)
+        named = [("-o", video_out), ("--json", json_out), ("--masks-dir", masks_out)]
+        for flag, path in named:
+            if path is not None and same_file(path, video):
+                raise CliError(f"{flag} {path} is the input video; choose another output path")
+        files = [(f, p) for f, p in named if p is not None]
+        for i, (flag_a, a) in enumerate(files):
+            for flag_b, b in files[i + 1:]:
+                if same_file(a, b):
+                    raise CliError(f"{flag_a} and {flag_b} both name {a}; give them different paths")
+
+        # 4. The bundle (the demo bundle, built on first use, when none is given).
+        if bundle is None:
+            from sam3track.demo import demo_bundle_path
+
+            bundle_dir = demo_bundle_path(log=lambda line: print(line, file=err))
+            print(
+                f"note: no --bundle given; using the demo bundle {bundle_dir}, which has RANDOM "
+                f"weights (the masks show the machinery, not the model); see `sam3track demo`",
+                file=err,
+            )
+        else:
+            bundle_dir = Path(bundle)
+            if not bundle_dir.exists():
+                raise CliError(
+                    f"bundle folder not found: {bundle_dir}; export one with "
+                    f"python -m graphs.export --checkpoint SNAPSHOT --out {bundle_dir}"
+                )
+            if not bundle_dir.is_dir():
+                raise CliError(f"--bundle {bundle_dir} is a file; pass the bundle's folder")
+        try:
+            predictor = sam3track.load(bundle_dir, backend=backend, device=device)
+        except (Sam3TrackError, KeyboardInterrupt):
+            raise
+        except Exception as e:  # a backend's own exception type: still the bundle's fault
+            raise sam3track.BundleError(
+                f"cannot load the bundle {bundle_dir} with {backend} on {device}: "
+                f"{type(e).__name__}: {e}"
+            ) from e
+        try:
+            with predictor.start_session(str(video)) as session:
+                for text in prompts:
+                    session.add_prompt(frame_index=start_frame, text=text)
+                return _propagate(
+                    guard, session, reader, video, prompts, start_frame, stop, max_frames,
+                    video_out, json_out, masks_out, bundle_dir, out, err,
+                )
+        finally:
+            predictor.close()
+    finally:
+        reader.close()
+
+
+def _propagate(
+    guard: InterruptGuard,
+    session: Any,
+    reader: Any,
+    video: Path,
+    prompts: list[str],
+    start: int,
+    stop: int,
+    max_frames: int | None,
+    video_out: Path,
+    json_out: Path | None,
+    masks_out: Path | None,
+    bundle_dir: Path,
+    out: TextIO,
+    err: TextIO,
+) -> int:
+    sinks: list[Any] = []
+    written: list[Path] = []
+    done = 0
+    seen: set[int] = set()
+    bar = None
+    frames = None
+    results = None
+    started = time.perf_counter()
+    try:
+        writer = MaskVideoWriter.like(video_out, reader)
+        sinks.append(writer)
+        written.append(video_out)
+        json_sink = None
+        if json_out is not None:
+            metadata = {
+                "video": str(video),
+                "prompts": prompts,
+                "bundle": str(bundle_dir),
+                "start_frame": start,
+                "max_frames": max_frames,
+                "width": reader.width,
+                "height": reader.height,
+                "fps": float(reader.frame_rate),
+                "id_offset_in_masks_dir": MASK_ID_OFFSET if masks_out is not None else None,
+            }
+            json_sink = JsonSink(json_out, metadata=metadata)
+            sinks.append(json_sink)
+            written.append(json_out)
+        masks_sink = None
+        if masks_out is not None:
+            masks_sink = MasksDirSink(masks_out, id_offset=MASK_ID_OFFSET)
+            sinks.append(masks_sink)
+            written.append(masks_out)
+
+        bar = tqdm(total=stop - start, desc="tracking", unit="frame", file=err,
+                   dynamic_ncols=True, smoothing=0.1)
+        frames = reader.frames(start, stop)
+        results = session.propagate(direction="forward", start_frame=start, max_frames=max_frames)
+        for result in results:
+            frame = next(frames, None)
+            if frame is None:
+                raise Sam3TrackError(
+                    f"the predictor returned frame {result.frame_index}, past the last frame "
+                    f"asked for ({stop - 1}); this is a bug in sam3track, please report it"
+                )
+            if int(result.frame_index) != frame.index:
+                raise Sam3TrackError(
+                    f"the predictor returned frame {result.frame_index} where frame "
+                    f"{frame.index} was expected; this is a bug in sam3track, please report it"
+                )
+            rendered = draw_objects(frame.rgb, result)
+            with guard.atomic():  # all outputs get this frame, or none does
+                writer.write(rendered, pts=frame.pts, time_base=frame.time_base)
+                if json_sink is not None:
+                    json_sink.write(result)
+                if masks_sink is not None:
+                    masks_sink.write(result)
+                done += 1
+            seen.update(int(i) for i in result.object_ids)
+            bar.set_postfix(objects=len(result), refresh=False)
+            bar.update(1)
+        if done == 0:
+            raise Sam3TrackError(f"the predictor returned no frames for {video} from frame {start}")
+    except KeyboardInterrupt:
+        kept = _close_early(guard, bar, sinks, written, done)
+        where = f"partial outputs written to {', '.join(kept)}" if kept else "no outputs written"
+        print(f"interrupted after {done} frames; {where}", file=err)
+        return EXIT_INTERRUPTED
+    except (Sam3TrackError, OSError) as e:
+        kept = _close_early(guard, bar, sinks, written, done)
+        where = f"; partial outputs ({done} frames) written to {', '.join(kept)}" if kept else ""
+        print(f"error: {e}{where}", file=err)
+        return EXIT_ERROR
+    finally:
+        for generator in (frames, results):
+            if generator is not None and hasattr(generator, "close"):
+                generator.close()
+
+    with guard.finalising():
+        close_bar(bar)
+        try:
+            for sink in sinks:
+                sink.close(complete=True)
+        except (Sam3TrackError, OSError):
+            close_all(sinks, written, complete=False, frames_done=done)
+            raise
+    elapsed = time.perf_counter() - started
+    fps = done / elapsed if elapsed > 0 else float("inf")
+    outputs = ", ".join(str(p) + ("/" if p == masks_out else "") for p in written)
+    print(
+        f"tracked {done} frames ({start}..{start + done - 1}) in {elapsed:.1f} s "
+        f"({fps:.1f} frames/s), {len(seen)} object{'' if len(seen) == 1 else 's'} seen; "
+        f"wrote {outputs}",
+        file=out,
+    )
+    return EXIT_OK
+
+
+def _close_early(
+    guard: InterruptGuard, bar: Any, sinks: list[Any], written: list[Path], done: int
+) -> list[str]:
+    """Close the progress bar and every output after a run stopped early (Ctrl-C or an error);
+    the outputs that hold something afterwards."""
+    with guard.finalising():
+        close_bar(bar)
+        return close_all(sinks, written, complete=False, frames_done=done)
+
+
+def cmd_track(args: argparse.Namespace) -> int:
+    return run_track(
+        args.video, args.prompt, bundle=args.bundle, output=args.output, json_path=args.json,
+        masks_dir=args.masks_dir, start_frame=args.start_frame, max_frames=args.max_frames,
+        backend=args.backend, device=args.device,
+    )
