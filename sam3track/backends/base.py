@@ -7,6 +7,7 @@ only through `to_host`, and every host <-> device copy is counted in `transfers`
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -53,6 +54,7 @@ class Backend(ABC):
 
     def __init__(self) -> None:
         self.transfers = TransferStats()
+        self.calls: Counter[str] = Counter()  # graph name -> runs, for tests and the notebooks
 
     @abstractmethod
     def load(self, name: str, path: str) -> Graph: ...

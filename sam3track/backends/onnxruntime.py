@@ -158,6 +158,7 @@ class OnnxRuntimeBackend(Backend):
     # ------------------------------------------------------------------------------------- run
     def run(self, graph: OrtGraph, inputs, outputs=None):
         outputs = outputs or {}
+        self.calls[graph.name] += 1
         io = graph.session.io_binding()  # a fresh binding per run: nothing aliases a previous result
         for name in graph.input_names:
             if name not in inputs:
