@@ -10,8 +10,8 @@ any output is over tolerance:
   -1024 "no object" fill is left out of that scale, or it would hide real errors);
 - maskmem_features (rounded to bfloat16 as the reference stores them): every element within one
   bfloat16 rounding step of the reference. A value that lands on the other side of a rounding boundary
-  differs by one step (2**-8 of its magnitude) whatever the fp32 error before rounding, so the relative
-  error bound is one step, 2**-8 ~ 3.9e-3;
+  differs by one step (2**-8 to 2**-7 of its magnitude) whatever the fp32 error before rounding, so the
+  relative error bound is one step at most, 2**-7 ~ 7.8e-3 (measured at full size: 3.97e-3);
 - graphs exported in fp16: relative error <= 2e-2.
 """
 
@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-FP32_TOL, BF16_TOL, FP16_TOL = 1e-4, 2.0**-8, 2e-2
+FP32_TOL, BF16_TOL, FP16_TOL = 1e-4, 2.0**-7, 2e-2
 SENTINEL = 1000.0  # masks filled with NO_OBJ_SCORE (-1024) are excluded from the error scale
 
 
@@ -270,22 +270,23 @@ class Checker:
                              [ref.float().permute(1, 0, 2).numpy()], bf16_outputs=("maskmem_features",))
 
     def _tie_free_logits(self, n):
-        """Mask logits for the thresholding path with no resized pixel within 1e-6 of 0.
+        """Mask logits for the thresholding path whose resized values stay clear of 0.
 
-        Such a pixel is a tie: the reference (antialiased weights) and the graph (plain bilinear
-        weights, equal up to ~1e-6) may threshold it either way. Ties are excluded from the inputs, so
-        the comparison fails on any real difference in thresholding.
+        A resized pixel within rounding distance of 0 is a tie: the reference (antialiased weights) and
+        the graph (plain bilinear weights, equal up to ~1e-6) may threshold it either way. Two-valued
+        blobs (+8 inside, -5 outside) cross 0 only between samples, never on one, at any image size,
+        so the comparison fails on any real difference in thresholding.
         """
-        torch = self.torch
-        F = torch.nn.functional
-        d = self.dims
-        for _ in range(100):
-            logits = torch.randn(n, 1, d.mask_size, d.mask_size, generator=self.gen) * 8
-            image = F.interpolate(logits, size=(d.image_size, d.image_size), mode="bilinear", align_corners=False)
-            memory = F.interpolate(image, size=(4 * d.mask_size,) * 2, mode="bilinear", align_corners=False)
-            if float(memory.abs().min()) > 1e-6 * float(memory.abs().max()):
-                return logits
-        raise RuntimeError("could not draw tie-free mask logits")
+        from .specs import F_smooth
+
+        torch, F, d = self.torch, self.torch.nn.functional, self.dims
+        blobs = F_smooth(torch.randn(n, 1, d.mask_size, d.mask_size, generator=self.gen)) > 0.3
+        logits = torch.where(blobs, 8.0, -5.0)
+        image = F.interpolate(logits, size=(d.image_size, d.image_size), mode="bilinear", align_corners=False)
+        memory = F.interpolate(image, size=(4 * d.mask_size,) * 2, mode="bilinear", align_corners=False)
+        if float(memory.abs().min()) <= 1e-4:
+            raise RuntimeError("sample mask logits have a resized pixel at 0; change the two values")
+        return logits
 
     def check_mask_init(self):
         from .specs import F_smooth

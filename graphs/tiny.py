@@ -17,7 +17,7 @@ import torch
 IMAGE_SIZE = 112  # a multiple of the 14 px patch: an 8 x 8 token grid
 PATCH = 14
 HIDDEN = 128  # FPN / DETR / tracker width
-SCORE_GAIN = 12.0
+SCORE_GAIN = 12.0  # changing the tiny weights or config? bump sam3track.demo.DEMO_BUNDLE_NAME
 PRESENCE_LOGIT = 4.0
 # Words the tiny BPE merges whole, so common prompts are a few tokens like with the real CLIP vocab.
 _WORDS = (
@@ -73,6 +73,8 @@ def tiny_config():
     # removed on the sample clips. They travel in config.json, so the reference uses them too.
     cfg.score_threshold_detection = 0.2
     cfg.new_det_thresh = 0.5
+    # Hole filling works on the low-resolution masks: 16 px of a 288 x 288 mask is ~0.2 px of 32 x 32.
+    cfg.fill_hole_area = 1
     return cfg
 
 

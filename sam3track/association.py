@@ -40,7 +40,12 @@ def associate(det_masks: np.ndarray, det_scores: np.ndarray, det_prompts: np.nda
     out.unmatched_obj_ids = trk_ids_arr[nonempty & ~matched].tolist()
     out.empty_obj_ids = trk_ids_arr[~nonempty].tolist()
 
-    is_new = (det_scores >= config.new_det_thresh) & ~(ious >= config.assoc_iou_thresh).any(axis=1)
+    confident = det_scores >= config.new_det_thresh
+    if not config.match_reference_quirks:
+        # The reference lets any detection start an object while nothing is tracked (the early return
+        # above), across all prompts. Per prompt, that rule keeps prompts independent of each other.
+        confident |= ~np.isin(det_prompts, trk_prompts)
+    is_new = confident & ~(ious >= config.assoc_iou_thresh).any(axis=1)
     out.new_det_inds = np.flatnonzero(is_new).tolist()
 
     best_trk = ious.argmax(axis=1)

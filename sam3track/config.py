@@ -50,6 +50,13 @@ class TrackerConfig:
     # package. On by default; switch both off to compare with transformers.
     mask_nms: bool = True
     fill_holes: bool = True
+    # transformers couples objects of different prompts in three ways: while nothing at all is tracked
+    # every detection starts an object, whatever its score; on frames where objects are born every
+    # tracked object's memory of that frame is re-encoded from its thresholded mask; and when objects
+    # are also removed, the updated id list is paired with the previous masks by position. True
+    # reproduces all three (parity); False applies the first rule per prompt, keeps each object's own
+    # planning-phase memory and mask, so prompts never affect each other.
+    match_reference_quirks: bool = True
 
     @classmethod
     def from_manifest(cls, manifest: dict, **overrides) -> "TrackerConfig":

@@ -17,7 +17,7 @@ from typing import Iterator
 
 from sam3track.errors import Sam3TrackError
 
-DEMO_BUNDLE_NAME = "demo-bundle-v2"
+DEMO_BUNDLE_NAME = "demo-bundle-v3"
 DEMO_SEED = 0
 CACHE_ENV = "SAM3TRACK_CACHE_DIR"  # overrides the cache root (tests, read-only home folders)
 REAL_MODEL_HINT = (

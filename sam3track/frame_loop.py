@@ -146,9 +146,10 @@ class FrameLoop:
 
         # execution: births, then (as the reference does on such frames) every object's memory re-encoded
         # from its thresholded raw mask, then removals
+        quirks = cfg.match_reference_quirks
         if plan.new_obj_ids:
             new_binary, new_scores = self.add_objects(features, plan.new_obj_ids, det.masks[plan.new_det_inds], frame)
-            again = [i for i, o in enumerate(old_ids) if not self.bank.has_cond(o, frame)]
+            again = [i for i, o in enumerate(old_ids) if quirks and not self.bank.has_cond(o, frame)]
             ids = [old_ids[i] for i in again] + plan.new_obj_ids
             logits = np.concatenate([raw[again], new_binary * 20.0 - 10.0])
             scores = np.concatenate([track_scores[again], new_scores])
@@ -159,7 +160,8 @@ class FrameLoop:
 
         # outputs. Quirk kept for parity: the reference pairs the updated id list (new ids appended,
         # removed ones dropped) with the old frame's masks by position.
-        masks = {int(o): m for o, m in zip(ids_after, plan.track_masks)}
+        paired_ids = ids_after if quirks else old_ids
+        masks = {int(o): m for o, m in zip(paired_ids, plan.track_masks)}
         if plan.new_obj_ids:
             births = self._fill_holes(det.masks[plan.new_det_inds])
             masks.update({int(o): m for o, m in zip(plan.new_obj_ids, births)})
@@ -177,7 +179,7 @@ class FrameLoop:
             scores[obj_id] = -1e4
             tracker[obj_id] = -1e4
             plan.last_occluded.pop(obj_id, None)
-        tracker.update(zip(ids_after, _sigmoid(track_scores).tolist()))
+        tracker.update(zip(paired_ids, _sigmoid(track_scores).tolist()))
         objects.score = scores
         objects.last_occluded = plan.last_occluded
         objects.obj_ids = ids_after

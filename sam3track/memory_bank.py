@@ -240,3 +240,16 @@ class MemoryBank:
                 if behind >= keep_memory and t not in self.pinned_frames and entry.memory_row is not None:
                     self.memories.release([entry.memory_row])
                     entry.memory_row = None
+
+    # --------------------------------------------------------------------------------- looking in
+    def summary(self) -> dict[int, dict[str, list[int]]]:
+        """Per object: conditioning frames, frames whose spatial memory is held, frames with pointers."""
+        out = {}
+        for obj_id, mem in self.objects.items():
+            entries = {**mem.non_cond, **mem.cond}
+            out[obj_id] = {
+                "conditioning": sorted(mem.cond),
+                "spatial_memory": sorted(t for t, e in entries.items() if e.memory_row is not None),
+                "pointers": sorted(entries),
+            }
+        return out

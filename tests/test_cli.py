@@ -89,7 +89,7 @@ def _check_pixels(video: Path, doc: dict) -> int:
 
     Returns how many frames had a big, contrasting mask interior to check the tint on.
     """
-    tinted = 0
+    tinted = untouched = 0
     start = doc["frames"][0]["frame_index"]
     with open_video(BIKES) as src, open_video(video) as out:
         inputs = src.frames(start, start + len(doc["frames"]))
@@ -106,8 +106,9 @@ def _check_pixels(video: Path, doc: dict) -> int:
                 # labels sit above the box and may run past its right edge
                 near[max(y0 - 35, 0):y1 + 10, max(x0 - 10, 0):max(x1, x0 + 260) + 10] = 1
             far = near == 0
-            assert far.sum() > 1000
-            assert np.abs(out_rgb[far] - src_rgb[far]).mean() < 6, entry["frame_index"]
+            if far.sum() > 1000:  # an object may cover the whole frame (the demo model's masks are random)
+                assert np.abs(out_rgb[far] - src_rgb[far]).mean() < 6, entry["frame_index"]
+                untouched += 1
             if not len(result):
                 continue
             # Inside the masks: what draw_objects gives on the input, clearly unlike the input.
@@ -120,6 +121,7 @@ def _check_pixels(video: Path, doc: dict) -> int:
             if np.abs(expected[inner] - src_rgb[inner]).mean() > 25:  # the tint contrasts here
                 assert np.abs(out_rgb[inner] - src_rgb[inner]).mean() > 20, entry["frame_index"]
                 tinted += 1
+    assert untouched > 0, "no frame left room to check that pixels away from objects are untouched"
     return tinted
 
 
@@ -380,9 +382,9 @@ def test_demo_builds_its_bundle_once_and_tracks(tmp_path: Path, monkeypatch, cap
         t.start()
     for t in threads:
         t.join()
-    assert len(paths) == 2 and paths[0] == paths[1] == cache / "demo-bundle-v2"
+    assert len(paths) == 2 and paths[0] == paths[1] == cache / "demo-bundle-v3"
     assert len(builds) == 1 and (paths[0] / "manifest.json").is_file()
-    assert sorted(p.name for p in cache.iterdir()) == ["demo-bundle-v2", "demo-bundle-v2.lock"]
+    assert sorted(p.name for p in cache.iterdir()) == ["demo-bundle-v3", "demo-bundle-v3.lock"]
 
     video = tmp_path / "demo.mp4"
     assert main(["demo", "-o", str(video), "--max-frames", "4"]) == 0

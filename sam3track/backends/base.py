@@ -7,7 +7,7 @@ only through `to_host`, and every host <-> device copy is counted in `transfers`
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections import Counter
+from collections import Counter, deque
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -55,6 +55,18 @@ class Backend(ABC):
     def __init__(self) -> None:
         self.transfers = TransferStats()
         self.calls: Counter[str] = Counter()  # graph name -> runs, for tests and the notebooks
+        self.seconds: Counter[str] = Counter()  # graph name -> wall time spent in run()
+        # (direction, shape) of recent host <-> device copies: shows what crossed, not just how much
+        self.transfer_log: deque[tuple[str, tuple[int, ...]]] = deque(maxlen=4096)
+
+    def _count(self, direction: str, shape: tuple[int, ...], nbytes: int) -> None:
+        if direction == "to_device":
+            self.transfers.host_to_device += 1
+            self.transfers.host_to_device_bytes += nbytes
+        else:
+            self.transfers.device_to_host += 1
+            self.transfers.device_to_host_bytes += nbytes
+        self.transfer_log.append((direction, tuple(shape)))
 
     @abstractmethod
     def load(self, name: str, path: str) -> Graph: ...

@@ -6,6 +6,8 @@ into the memory bank's pools and reads them back without any copy.
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 
 from ..errors import BundleError, Sam3TrackError
@@ -76,8 +78,7 @@ class OnnxRuntimeBackend(Backend):
         ov = self._ort.OrtValue.ortvalue_from_shape_and_type(array.shape, array.dtype, self.device_type,
                                                              self.device_id)
         ov.update_inplace(array)
-        self.transfers.host_to_device += 1
-        self.transfers.host_to_device_bytes += array.nbytes
+        self._count("to_device", array.shape, array.nbytes)
         return self._wrap(ov)
 
     def empty(self, shape, dtype) -> DeviceTensor:
@@ -106,8 +107,7 @@ class OnnxRuntimeBackend(Backend):
         return self._copy_out(tensor)
 
     def _copy_out(self, tensor: DeviceTensor) -> np.ndarray:
-        self.transfers.device_to_host += 1
-        self.transfers.device_to_host_bytes += tensor.nbytes
+        self._count("to_host", tensor.shape, tensor.nbytes)
         if self._is_whole(tensor):
             return tensor.handle[0].ortvalue.numpy()
         out = np.empty(tensor.shape, tensor.dtype)
@@ -169,7 +169,9 @@ class OnnxRuntimeBackend(Backend):
                 self._bind(io, name, outputs[name], output=True)
             else:
                 io.bind_output(name, self.device_type, self.device_id)
+        started = time.perf_counter()
         graph.session.run_with_iobinding(io)
+        self.seconds[graph.name] += time.perf_counter() - started
         result = {}
         for name, ov in zip(graph.output_names, io.get_outputs()):
             result[name] = outputs[name] if name in outputs else self._wrap(ov)
