@@ -15,6 +15,7 @@ This module parses the command line and dispatches; each subcommand lives in
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -102,6 +103,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="inference backend (default: onnxruntime)")
     track.add_argument("--device", default="cpu", metavar="NAME",
                        help="device for the backend, e.g. cpu or cuda (default: cpu)")
+    track.add_argument("--set", type=_setting, action="append", default=[], metavar="NAME=VALUE",
+                       help="override a threshold or heuristic of the bundle's configuration, e.g. "
+                            "--set new_det_thresh=0.6 (names: sam3track/config.py); repeat for several")
     track.set_defaults(func=cmd_track)
 
     demo = sub.add_parser(
@@ -130,6 +134,17 @@ def build_parser() -> argparse.ArgumentParser:
     info.add_argument("bundle", type=Path, metavar="BUNDLE", help="bundle folder")
     info.set_defaults(func=cmd_info)
     return parser
+
+
+def _setting(text: str) -> tuple[str, object]:
+    """NAME=VALUE with VALUE read as JSON when it parses (numbers, true/false), else as text."""
+    name, sep, value = text.partition("=")
+    if not sep or not name.strip():
+        raise argparse.ArgumentTypeError(f"expected NAME=VALUE, got {text!r}")
+    try:
+        return name.strip(), json.loads(value)
+    except ValueError:
+        return name.strip(), value
 
 
 def main(argv: Sequence[str] | None = None) -> int:

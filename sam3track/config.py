@@ -5,6 +5,12 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+from .errors import Sam3TrackError
+
+
+class ConfigError(Sam3TrackError, TypeError):
+    """An unknown configuration option, or a value of the wrong type."""
+
 
 @dataclass(frozen=True)
 class TrackerConfig:
@@ -75,6 +81,11 @@ class TrackerConfig:
         values.update({k: v for k, v in cfg["heuristics"].items() if k in names})
         unknown = set(overrides) - names
         if unknown:
-            raise TypeError(f"unknown configuration options {sorted(unknown)}")
+            raise ConfigError(f"unknown configuration options {sorted(unknown)}; the names are the fields "
+                              "of sam3track.config.TrackerConfig")
+        for name, value in overrides.items():
+            kind = type(values[name]) if name in values else None
+            if kind is not None and not isinstance(value, kind) and not (kind is float and isinstance(value, int)):
+                raise ConfigError(f"configuration option {name} takes {kind.__name__} values, not {value!r}")
         values.update(overrides)
         return cls(**values)

@@ -393,3 +393,22 @@ def test_demo_builds_its_bundle_once_and_tracks(tmp_path: Path, monkeypatch, cap
     assert "python -m graphs.export --checkpoint" in captured.out
     with open_video(video) as out:
         assert len(out) == 4 and (out.width, out.height) == (640, 272)
+
+
+def test_set_overrides_the_bundle_configuration(tiny_bundle: Path, tmp_path: Path, capsys) -> None:
+    def objects_seen(*settings: str) -> int:
+        doc_path = tmp_path / f"{len(list(tmp_path.iterdir()))}.json"
+        args = ["track", str(BIKES), "--prompt", "bike", "--bundle", str(tiny_bundle), "--start-frame", "76",
+                "--max-frames", "12", "-o", str(doc_path.with_suffix(".mp4")), "--json", str(doc_path)]
+        assert main(args + [a for s in settings for a in ("--set", s)]) == 0
+        doc = json.loads(doc_path.read_text())
+        return len({o["object_id"] for f in doc["frames"] for o in f["objects"]})
+
+    assert objects_seen("hotstart_delay=0") > 0
+    assert objects_seen("hotstart_delay=0", "score_threshold_detection=1.5") == 0  # no score reaches 1.5
+    rc = main(["track", str(BIKES), "--prompt", "bike", "--bundle", str(tiny_bundle), "--set", "no_such=1",
+               "-o", str(tmp_path / "x.mp4")])
+    assert rc == 2
+    err = capsys.readouterr().err
+    assert "unknown configuration options ['no_such']" in err and "Traceback" not in err
+    assert not (tmp_path / "x.mp4").exists()

@@ -11,7 +11,11 @@ from sam3track.commands.track import run_track
 from sam3track.errors import Sam3TrackError
 
 DEMO_PROMPTS = ("person", "bike")
+DEMO_START_FRAME = 76  # a shot with a cyclist (frames 76-136 are one continuous shot)
 DEMO_MAX_FRAMES = 48
+# With random weights the tracker's masks rarely match the detector's, so the hotstart rules would
+# remove nearly every new object; the demo turns them off to show tracking at all.
+DEMO_OVERRIDES = {"hotstart_delay": 0}
 
 RANDOM_WEIGHTS_NOTE = """\
 NOTE: the demo bundle is a tiny SAM 3 with RANDOM weights. Its masks show the machinery
@@ -47,8 +51,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
         print("interrupted while building the demo bundle; nothing written", file=sys.stderr)
         return EXIT_INTERRUPTED
     print(f"tracking {', '.join(repr(p) for p in DEMO_PROMPTS)} in {clip} "
-          f"(first {args.max_frames} frames) with {bundle}", flush=True)
+          f"({args.max_frames} frames from frame {DEMO_START_FRAME}) with {bundle}; hotstart removal off",
+          flush=True)
     return run_track(
-        clip, DEMO_PROMPTS, bundle=bundle, output=output, max_frames=args.max_frames,
-        backend=args.backend, device=args.device,
+        clip, DEMO_PROMPTS, bundle=bundle, output=output, start_frame=DEMO_START_FRAME,
+        max_frames=args.max_frames, backend=args.backend, device=args.device, overrides=DEMO_OVERRIDES,
     )

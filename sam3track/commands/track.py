@@ -44,6 +44,7 @@ def run_track(
     max_frames: int | None = None,
     backend: str = "onnxruntime",
     device: str = "cpu",
+    overrides: dict | None = None,
     stdout: TextIO | None = None,
     stderr: TextIO | None = None,
 ) -> int:
@@ -58,7 +59,7 @@ def run_track(
         with InterruptGuard() as guard:
             return _track(
                 guard, Path(video), list(prompts), bundle, output, json_path, masks_dir,
-                start_frame, max_frames, backend, device, out, err,
+                start_frame, max_frames, backend, device, overrides or {}, out, err,
             )
     except KeyboardInterrupt:  # before any output was opened
         print("interrupted before any frame was processed; no outputs written", file=err)
@@ -80,6 +81,7 @@ def _track(
     max_frames: int | None,
     backend: str,
     device: str,
+    overrides: dict,
     out: TextIO,
     err: TextIO,
 ) -> int:
@@ -149,7 +151,7 @@ def _track(
             if not bundle_dir.is_dir():
                 raise CliError(f"--bundle {bundle_dir} is a file; pass the bundle's folder")
         try:
-            predictor = sam3track.load(bundle_dir, backend=backend, device=device)
+            predictor = sam3track.load(bundle_dir, backend=backend, device=device, **overrides)
         except (Sam3TrackError, KeyboardInterrupt):
             raise
         except Exception as e:  # a backend's own exception type: still the bundle's fault
@@ -299,5 +301,5 @@ def cmd_track(args: argparse.Namespace) -> int:
     return run_track(
         args.video, args.prompt, bundle=args.bundle, output=args.output, json_path=args.json,
         masks_dir=args.masks_dir, start_frame=args.start_frame, max_frames=args.max_frames,
-        backend=args.backend, device=args.device,
+        backend=args.backend, device=args.device, overrides=dict(args.set),
     )
