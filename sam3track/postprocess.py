@@ -8,10 +8,43 @@ import numpy as np
 from .results import FrameResult
 
 
+def _antialiased_taps(in_size: int, out_size: int) -> tuple[np.ndarray, np.ndarray]:
+    """Source indices and weights [out, taps] of an antialiased bilinear resize along one axis.
+
+    The triangle filter is stretched by the scale when shrinking (PIL / torchvision `antialias=True`),
+    so a large frame is averaged, not sampled, on its way down to the model's input size.
+    """
+    scale = in_size / out_size
+    support = max(scale, 1.0)
+    centers = (np.arange(out_size) + 0.5) * scale
+    first = np.maximum((centers - support + 0.5).astype(np.int64), 0)
+    last = np.minimum((centers + support + 0.5).astype(np.int64), in_size)
+    taps = int((last - first).max())
+    idx = first[:, None] + np.arange(taps)[None]
+    weights = np.clip(1.0 - np.abs((idx - centers[:, None] + 0.5) / support), 0.0, None)
+    weights[idx >= last[:, None]] = 0.0
+    weights /= weights.sum(axis=1, keepdims=True)
+    return np.minimum(idx, in_size - 1), weights.astype(np.float32)
+
+
+def resize_antialiased(rgb: np.ndarray, height: int, width: int) -> np.ndarray:
+    """uint8 [H, W, C] -> uint8 [height, width, C], as torchvision's bilinear resize with antialias."""
+    out = rgb.astype(np.float32)
+    for axis, size in ((1, width), (0, height)):
+        idx, weights = _antialiased_taps(out.shape[axis], size)
+        moved = np.moveaxis(out, axis, 0)
+        acc = np.zeros((size,) + moved.shape[1:], np.float32)
+        for k in range(idx.shape[1]):  # one tap at a time: no [out, taps, ...] temporary
+            acc += weights[:, k, None, None] * moved[idx[:, k]]
+        out = np.clip(np.rint(np.moveaxis(acc, 0, axis)), 0, 255)  # torchvision keeps uint8 between passes
+    return out.astype(np.uint8)
+
+
 def to_pixel_values(rgb: np.ndarray, config) -> np.ndarray:
-    """RGB uint8 [H, W, 3] -> float32 [1, 3, S, S]: bilinear resize, rescale, normalise (the processor's steps)."""
+    """RGB uint8 [H, W, 3] -> float32 [1, 3, S, S], the processor's steps: antialiased bilinear resize
+    of the uint8 image (rounded to uint8, as torchvision does), rescale, normalise."""
     s = config.image_size
-    img = cv2.resize(rgb.astype(np.float32), (s, s), interpolation=cv2.INTER_LINEAR)
+    img = resize_antialiased(rgb, s, s).astype(np.float32)
     img = img * np.float32(config.rescale_factor)
     img = (img - np.asarray(config.image_mean, np.float32)) / np.asarray(config.image_std, np.float32)
     return np.ascontiguousarray(img.transpose(2, 0, 1)[None])
