@@ -119,6 +119,9 @@ class MemoryBank:
         self.pointers = DevicePool(backend, (config.hidden_dim,))
         self.objects: dict[int, ObjectMemory] = {}
         self.pinned_frames: set[int] = set()  # frames a later pass will still read ("both" directions)
+        # A later backward pass selects the earliest conditioning frames, which a forward pass would
+        # free; while set, conditioning memories are kept (one per birth or 16 frames at most).
+        self.keep_conditioning = False
 
     # ------------------------------------------------------------------------------- writing
     def add(self, obj_id: int, frame: int, entry: MemoryEntry, cond: bool) -> None:
@@ -231,6 +234,8 @@ class MemoryBank:
                 elif behind >= keep_memory and entry.memory_row is not None:
                     self.memories.release([entry.memory_row])
                     entry.memory_row = None
+            if self.keep_conditioning:
+                continue
             # conditioning frames: only the most recent max_cond_frame_num stay selectable going on
             ordered = sorted(mem.cond, reverse=not reverse)
             for t in ordered[cfg.max_cond_frame_num:]:

@@ -157,9 +157,13 @@ class Session:
             cfg = self.config
             reach = max(cfg.num_maskmem, cfg.max_object_pointers_in_encoder)
             self.bank.pinned_frames |= set(range(start_frame, start_frame + reach))
-        for order, reverse in passes:
-            yield from self._propagate_pass(order, reverse)
-        self.bank.pinned_frames.clear()
+            self.bank.keep_conditioning = True
+        try:
+            for order, reverse in passes:
+                yield from self._propagate_pass(order, reverse)
+        finally:
+            self.bank.pinned_frames.clear()
+            self.bank.keep_conditioning = False
 
     def _propagate_pass(self, order: range, reverse: bool) -> Iterator[FrameResult]:
         delay = self.config.hotstart_delay

@@ -8,6 +8,8 @@ which does not load beside torch 2.13 here); its post-processing is re-done belo
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pytest
 
@@ -24,6 +26,7 @@ torch = pytest.importorskip("torch")
 # measured without tie pixels (the mean IoU with them is asserted too). Measured on the streaming run:
 # 10 object-frames differed by exactly one pixel, all ties; two were masks of 3 and 16 pixels.
 TIE = 1e-3
+BOTH_START = 12
 
 
 def reference_run(bundle, frames: np.ndarray, prompts: list[str], predictor, overrides=None, mode="forward"):
@@ -49,6 +52,12 @@ def reference_run(bundle, frames: np.ndarray, prompts: list[str], predictor, ove
         elif mode == "backward":  # the reference's reverse pass starts one frame before start_frame_idx
             outputs = model.propagate_in_video_iterator(session, start_frame_idx=len(frames),
                                                         max_frame_num_to_track=len(frames), reverse=True)
+        elif mode == "both":  # forward from BOTH_START, then backward from it, on the same state
+            outputs = itertools.chain(
+                model.propagate_in_video_iterator(session, start_frame_idx=BOTH_START,
+                                                  max_frame_num_to_track=len(frames) - 1 - BOTH_START),
+                model.propagate_in_video_iterator(session, start_frame_idx=BOTH_START,
+                                                  max_frame_num_to_track=len(frames), reverse=True))
         else:
             outputs = model.propagate_in_video_iterator(session, start_frame_idx=0,
                                                         max_frame_num_to_track=len(frames) - 1)
@@ -104,6 +113,8 @@ def sam3track_run(bundle, frames, prompts, overrides=None, mode="forward"):
         results = [session.track(f) for f in frames]
     elif mode == "backward":
         results = list(session.propagate(direction="backward", start_frame=len(frames) - 1))
+    elif mode == "both":
+        results = list(session.propagate(direction="both", start_frame=BOTH_START))
     else:
         results = list(session.propagate())
     return predictor, session, results
@@ -170,6 +181,11 @@ def test_parity_on_a_synthetic_clip(tiny_bundle):
 def test_parity_backward(tiny_bundle, bikes_frames):
     session, births, removed = assert_parity(tiny_bundle, bikes_frames, ["person", "bike"], mode="backward")
     assert any(frame < len(bikes_frames) - 1 for frame in births.values())
+
+
+def test_parity_both_directions(tiny_bundle, bikes_frames):
+    session, births, removed = assert_parity(tiny_bundle, bikes_frames, ["person", "bike"], mode="both")
+    assert any(frame > BOTH_START for frame in births.values())
 
 
 def test_parity_streaming(tiny_bundle, bikes_frames):
