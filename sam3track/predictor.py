@@ -51,6 +51,7 @@ class Predictor:
 
     def close(self) -> None:
         if not self.closed:
+            self.graphs = {}  # drop the inference sessions with the backend
             self.backend.close()
             self.closed = True
 

@@ -75,6 +75,8 @@ class Session:
     def _check_open(self) -> None:
         if self.closed:
             raise SessionClosedError("this session is closed; start a new one with predictor.start_session()")
+        if self.predictor.closed:
+            raise SessionClosedError("the predictor of this session was closed; load the bundle again")
 
     @property
     def num_frames(self) -> int | None:

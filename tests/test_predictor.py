@@ -164,6 +164,18 @@ def test_remove_reset_close(predictor, frames):
         s.add_prompt(text="dog")
 
 
+def test_closing_the_predictor_closes_its_sessions(tiny_bundle, frames):
+    p = sam3track.load(tiny_bundle)
+    s = p.start_session(frames[:3])
+    s.add_prompt(text="bike")
+    p.close()
+    p.close()
+    with pytest.raises(sam3track.SessionClosedError, match="predictor of this session was closed"):
+        list(s.propagate())
+    with pytest.raises(sam3track.SessionClosedError):
+        p.start_session(frames[:3])
+
+
 def test_runtime_never_imports_torch(tiny_bundle):
     code = textwrap.dedent(f"""
         import sys, sam3track
