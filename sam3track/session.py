@@ -39,7 +39,10 @@ class Session:
         self.config = predictor.config
         self.backend = predictor.backend
         self.source = source  # a FrameSource, or None for a live stream
-        self.frames = FrameCache(source) if source is not None else None
+        # Results are held back hotstart_delay frames; the cache keeps the frames of results not yet
+        # yielded, so a caller that draws on them (the CLI) never decodes a frame twice.
+        cache_size = max(4, predictor.config.hotstart_delay + 2)
+        self.frames = FrameCache(source, cache_size) if source is not None else None
         self.prompts: list[str] = []
         self._text_pool = None  # device [M, T, D]: each prompt encoded once per session
         self._text_mask = np.zeros((0, self.config.text_length), np.int64)
@@ -81,6 +84,14 @@ class Session:
     @property
     def num_frames(self) -> int | None:
         return len(self.source) if self.source is not None else None
+
+    def frame(self, index: int) -> np.ndarray:
+        """RGB frame `index` of the session's video, from the decode cache when it was just tracked."""
+        self._check_open()
+        if self.source is None:
+            raise VideoError("this session has no video (live stream); it keeps no frames")
+        self._check_frame(index)
+        return self.frames.get(index)
 
     # ------------------------------------------------------------------------------- prompts
     def add_prompt(self, frame_index: int = 0, text: str | None = None, points=None, boxes=None) -> int:
