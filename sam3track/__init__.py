@@ -1,7 +1,7 @@
 """sam3track: SAM 3 video tracking from exported graphs, without PyTorch at run time."""
 
-from .errors import (BundleError, FrameIndexError, ObjectIdError, PromptError, Sam3TrackError,
-                     SessionClosedError, VideoError)
+from .errors import (ArgumentError, BackendError, BundleError, CapacityError, FrameIndexError, ObjectIdError,
+                     PromptError, Sam3TrackError, SessionBusyError, SessionClosedError, VideoError)
 from .results import FrameResult
 
 __version__ = "0.1.0"
@@ -14,5 +14,5 @@ def load(bundle_dir, backend: str = "onnxruntime", device: str = "cpu", **option
     return Predictor.load(bundle_dir, backend=backend, device=device, **options)
 
 
-__all__ = ["load", "FrameResult", "Sam3TrackError", "BundleError", "VideoError", "PromptError", "FrameIndexError",
-           "ObjectIdError", "SessionClosedError", "__version__"]
+__all__ = ["load", "FrameResult", "Sam3TrackError", "ArgumentError", "BackendError", "BundleError", "CapacityError",
+           "VideoError", "PromptError", "FrameIndexError", "ObjectIdError", "SessionBusyError", "SessionClosedError", "__version__"]

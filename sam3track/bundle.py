@@ -1,4 +1,9 @@
-"""Opening a bundle: the manifest, its checks, and where each graph lives."""
+"""Opening a bundle: the manifest, its checks, and where each graph lives.
+
+A bundle is refused, with one message naming the file and the key at fault, when its manifest is
+missing keys, has another format version, lists files that are missing or changed (sha256), or
+describes geometry (image size, feature grid, widths) that the graphs themselves do not have.
+"""
 
 from __future__ import annotations
 
@@ -12,6 +17,15 @@ from .errors import BundleError
 SUPPORTED_FORMAT = 1
 REQUIRED_GRAPHS = ("text_encoder", "backbone", "grounding_head", "propagation_decoder", "memory_encoder",
                    "mask_init")
+# manifest keys the runtime reads, as paths
+REQUIRED_KEYS = (
+    ("preprocessing", "image_size"), ("preprocessing", "rescale_factor"), ("preprocessing", "image_mean"),
+    ("preprocessing", "image_std"), ("tokenizer", "dir"), ("tokenizer", "max_length"), ("tokenizer", "pad_token_id"),
+    ("config", "heuristics"), ("config", "tracker", "low_res_mask_size"), ("config", "tracker", "feature_grid"),
+    ("config", "tracker", "hidden_dim"), ("config", "tracker", "memory_dim"), ("config", "tracker", "num_maskmem"),
+    ("config", "tracker", "max_cond_frame_num"), ("config", "tracker", "max_object_pointers_in_encoder"),
+    ("config", "detector", "num_queries"),
+)
 
 
 def file_sha256(path: Path) -> str:
@@ -21,6 +35,15 @@ def file_sha256(path: Path) -> str:
         for block in iter(lambda: f.read(1 << 22), b""):
             digest.update(block)
     return digest.hexdigest()
+
+
+def _lookup(manifest: dict, path: tuple[str, ...]):
+    value = manifest
+    for key in path:
+        if not isinstance(value, dict) or key not in value:
+            return None
+        value = value[key]
+    return value
 
 
 @dataclass
@@ -38,21 +61,38 @@ class Bundle:
             raise BundleError(f"{root} has no manifest.json; it is not a sam3track bundle (python -m graphs.export)")
         try:
             manifest = json.loads(path.read_text())
-        except ValueError as exc:
+        except (ValueError, UnicodeDecodeError) as exc:
             raise BundleError(f"{path} is not valid JSON ({exc}); export the bundle again") from exc
+        if not isinstance(manifest, dict):
+            raise BundleError(f"{path} holds no JSON object; export the bundle again")
         version = manifest.get("format_version")
-        if not isinstance(version, int) or version > SUPPORTED_FORMAT:
+        if not isinstance(version, int) or isinstance(version, bool):
+            raise BundleError(f"{path} has format_version {version!r}, not a whole number; this sam3track reads "
+                              f"format {SUPPORTED_FORMAT}: export the bundle again")
+        if version > SUPPORTED_FORMAT:
             raise BundleError(f"{root} has bundle format {version}, newer than this sam3track reads "
                               f"({SUPPORTED_FORMAT}); upgrade sam3track or export with this version")
+        if version < SUPPORTED_FORMAT:
+            raise BundleError(f"{root} has bundle format {version}, older than this sam3track reads "
+                              f"({SUPPORTED_FORMAT}); export the bundle again with this version")
+        for key in REQUIRED_KEYS:
+            if _lookup(manifest, key) is None:
+                raise BundleError(f"{path} has no {'.'.join(key)}; the manifest is incomplete: export the bundle again")
+        graphs = manifest.get("graphs")
+        if not isinstance(graphs, dict):
+            raise BundleError(f"{path} lists no graphs; export the bundle again")
         bundle = cls(root, manifest)
         for name in REQUIRED_GRAPHS:
-            if name not in manifest.get("graphs", {}):
-                raise BundleError(f"{path} lists no graph {name!r}; export the bundle again")
-            for file in [manifest["graphs"][name]["file"]] + manifest["graphs"][name].get("data_files", []):
+            entry = graphs.get(name)
+            if not isinstance(entry, dict) or not all(k in entry for k in ("file", "sha256", "inputs", "outputs")):
+                raise BundleError(f"{path} lists no complete graph {name!r} (file, sha256, inputs, outputs); "
+                                  "export the bundle again")
+            for file in [entry["file"]] + entry.get("data_files", []):
                 if not (root / file).is_file():
                     raise BundleError(f"graph {name} is missing: {root / file} does not exist; export the bundle again")
         if not (root / manifest["tokenizer"]["dir"] / "tokenizer.json").is_file():
             raise BundleError(f"{root} has no tokenizer/tokenizer.json; export the bundle again")
+        bundle.check_geometry()
         if verify:
             bundle.verify()
         return bundle
@@ -68,6 +108,71 @@ class Bundle:
         for file, expected in tok.get("sha256", {}).items():
             if file_sha256(self.root / tok["dir"] / file) != expected:
                 raise BundleError(f"checksum mismatch for {self.root / tok['dir'] / file}; export the bundle again")
+
+    # ----------------------------------------------------------------------------- geometry
+    def expected_dims(self) -> dict[tuple[str, str], dict[int, int]]:
+        """(graph, tensor) -> {axis: size} that the manifest's geometry implies."""
+        m = self.manifest
+        s = m["preprocessing"]["image_size"]
+        trk = m["config"]["tracker"]
+        g, c, cm, size = trk["feature_grid"], trk["hidden_dim"], trk["memory_dim"], trk["low_res_mask_size"]
+        t, q = m["tokenizer"]["max_length"], m["config"]["detector"]["num_queries"]
+        tracker_feat = {1: c, 2: g, 3: g}
+        return {
+            ("text_encoder", "input_ids"): {1: t},
+            ("backbone", "pixel_values"): {1: 3, 2: s, 3: s},
+            ("backbone", "tracker_feat"): tracker_feat,
+            ("grounding_head", "text_mask"): {1: t},
+            ("grounding_head", "pred_logits"): {1: q},
+            ("grounding_head", "pred_masks"): {1: q, 2: size, 3: size},
+            ("propagation_decoder", "tracker_feat"): tracker_feat,
+            ("propagation_decoder", "memory_pool"): {1: g * g, 2: cm},
+            ("propagation_decoder", "pointer_pool"): {1: c},
+            ("propagation_decoder", "low_res_masks"): {2: size, 3: size},
+            ("memory_encoder", "mask_logits"): {2: size, 3: size},
+            ("memory_encoder", "maskmem_features"): {1: g * g, 2: cm},
+            ("mask_init", "masks"): {2: size, 3: size},
+        }
+
+    def check_geometry(self) -> None:
+        """The manifest's geometry against the shapes it records for each graph's tensors."""
+        listed = {(name, t["name"]): t.get("shape") for name, g in self.manifest["graphs"].items()
+                  for t in list(g.get("inputs", [])) + list(g.get("outputs", []))}
+        self._compare(listed, "the manifest's tensor list")
+
+    def check_graph_shapes(self, graphs: dict) -> None:
+        """The manifest against the loaded graphs' own inputs and outputs (names and fixed sizes)."""
+        actual = {}
+        for name, graph in graphs.items():
+            spec = self.manifest["graphs"][name]
+            want_in = [t["name"] for t in spec["inputs"]]
+            want_out = [t["name"] for t in spec["outputs"]]
+            if sorted(graph.input_names) != sorted(want_in) or sorted(graph.output_names) != sorted(want_out):
+                raise BundleError(f"graph {name} in {self.graph_path(name)} has inputs {list(graph.input_names)} and "
+                                  f"outputs {list(graph.output_names)}, but the manifest lists {want_in} and "
+                                  f"{want_out}; export the bundle again")
+            actual.update({(name, k): v for k, v in graph.shapes.items()})
+            for t in spec["inputs"] + spec["outputs"]:
+                have = graph.shapes.get(t["name"])
+                if have is None or len(have) != len(t["shape"]):
+                    continue
+                for axis, (a, b) in enumerate(zip(have, t["shape"])):
+                    if isinstance(a, int) and isinstance(b, int) and a != b:
+                        raise BundleError(f"graph {name} in {self.graph_path(name)}: {t['name']} has size {a} on "
+                                          f"axis {axis}, the manifest says {b}; export the bundle again")
+        self._compare(actual, "the graph files")
+
+    def _compare(self, shapes: dict, where: str) -> None:
+        for (graph, tensor), axes in self.expected_dims().items():
+            shape = shapes.get((graph, tensor))
+            if shape is None:
+                continue
+            for axis, size in axes.items():
+                have = shape[axis] if axis < len(shape) else None
+                if isinstance(have, int) and have != size:
+                    raise BundleError(f"{self.root / 'manifest.json'}: its geometry gives {graph}.{tensor} size {size} "
+                                      f"on axis {axis}, but {where} say {have}; the manifest does not describe these "
+                                      "graphs: export the bundle again")
 
     def graph_path(self, name: str) -> Path:
         return self.root / self.manifest["graphs"][name]["file"]

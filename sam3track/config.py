@@ -53,16 +53,26 @@ class TrackerConfig:
     high_conf_thresh: float
     high_iou_thresh: float
     # Meta's model runs mask NMS and hole filling; transformers skips both without the `kernels`
-    # package. On by default; switch both off to compare with transformers.
+    # package. On by default; switch both off to compare with transformers without it.
     mask_nms: bool = True
     fill_holes: bool = True
     # transformers couples objects of different prompts in three ways: while nothing at all is tracked
     # every detection starts an object, whatever its score; on frames where objects are born every
     # tracked object's memory of that frame is re-encoded from its thresholded mask; and when objects
-    # are also removed, the updated id list is paired with the previous masks by position. True
-    # reproduces all three (parity); False applies the first rule per prompt, keeps each object's own
-    # planning-phase memory and mask, so prompts never affect each other.
-    match_reference_quirks: bool = True
+    # are also removed, the updated id list is paired with the previous masks by position, so masks are
+    # shown under the wrong ids. False (the default) applies the first rule per prompt and keeps each
+    # object's own memory and mask, so prompts never affect each other; True reproduces all three, for
+    # comparing with transformers frame by frame.
+    match_reference_quirks: bool = False
+    # Long videos and streams (sam3track's own policy; the reference keeps every object and every
+    # conditioning frame forever, so its memory and per-frame time grow without bound):
+    # an object whose mask stays empty this many frames is retired (removed, its id never reused);
+    # 0 never retires, as the reference.
+    retire_unseen_after: int = 300
+    # at most this many conditioning frames per object (births, reconditioned frames); the one
+    # farthest from the current frame goes first. The reference attends to every one of them;
+    # 0 keeps all, as the reference.
+    max_conditioning_frames: int = 16
 
     @classmethod
     def from_manifest(cls, manifest: dict, **overrides) -> "TrackerConfig":
@@ -77,15 +87,70 @@ class TrackerConfig:
             max_cond_frame_num=cfg["tracker"]["max_cond_frame_num"],
             max_object_pointers_in_encoder=cfg["tracker"]["max_object_pointers_in_encoder"],
         )
-        names = {f.name for f in dataclasses.fields(cls)}
-        values.update({k: v for k, v in cfg["heuristics"].items() if k in names})
-        unknown = set(overrides) - names
+        fields = {f.name: f for f in dataclasses.fields(cls)}
+        values.update({k: v for k, v in cfg["heuristics"].items() if k in fields})
+        missing = sorted(n for n, f in fields.items() if n not in values and f.default is dataclasses.MISSING)
+        if missing:
+            raise ConfigError(f"the bundle's manifest has no value for {', '.join(missing)}; export the bundle again")
+        for name, value in values.items():
+            _check(name, value, "the bundle's manifest")
+        unknown = sorted(set(overrides) - set(fields))
         if unknown:
-            raise ConfigError(f"unknown configuration options {sorted(unknown)}; the names are the fields "
+            raise ConfigError(f"unknown configuration options {unknown}; the names are the fields "
                               "of sam3track.config.TrackerConfig")
         for name, value in overrides.items():
-            kind = type(values[name]) if name in values else None
-            if kind is not None and not isinstance(value, kind) and not (kind is float and isinstance(value, int)):
-                raise ConfigError(f"configuration option {name} takes {kind.__name__} values, not {value!r}")
+            if name in FIXED_BY_MODEL:
+                raise ConfigError(f"configuration option {name} is fixed by the exported graphs and cannot be "
+                                  "overridden; export the checkpoint again to change it")
+            _check(name, value, "the override")
         values.update(overrides)
         return cls(**values)
+
+
+# Geometry and preprocessing the graphs were exported with: changing them breaks the graphs.
+FIXED_BY_MODEL = frozenset({"image_size", "rescale_factor", "image_mean", "image_std", "text_length", "pad_token_id",
+                            "low_res_mask_size", "feature_grid", "hidden_dim", "memory_dim", "num_queries",
+                            "num_maskmem"})
+_PROBABILITIES = ("score_threshold_detection", "det_nms_thresh", "assoc_iou_thresh", "trk_assoc_iou_thresh",
+                  "new_det_thresh", "suppress_overlapping_based_on_recent_occlusion_threshold", "high_conf_thresh",
+                  "high_iou_thresh")
+# (smallest value, or None) for whole-number fields
+_WHOLE_NUMBERS = {
+    "hotstart_delay": 0, "hotstart_unmatch_thresh": 0, "hotstart_dup_thresh": 0, "fill_hole_area": 0,
+    "recondition_every_nth_frame": 0, "retire_unseen_after": 0, "max_conditioning_frames": 0, "max_num_objects": 1,
+    "num_maskmem": 1, "max_cond_frame_num": -1, "max_object_pointers_in_encoder": 1, "image_size": 1,
+    "text_length": 1, "pad_token_id": 0, "low_res_mask_size": 1, "feature_grid": 1, "hidden_dim": 1,
+    "memory_dim": 1, "num_queries": 1, "init_trk_keep_alive": None, "max_trk_keep_alive": None,
+    "min_trk_keep_alive": None,
+}
+_FLAGS = ("recondition_on_trk_masks", "suppress_unmatched_only_within_hotstart",
+          "decrease_trk_keep_alive_for_empty_masklets", "mask_nms", "fill_holes", "match_reference_quirks")
+
+
+def _check(name: str, value, where: str) -> None:
+    """One field's type and range; a ConfigError naming the field, the value and where it came from."""
+    def fail(what: str):
+        raise ConfigError(f"configuration option {name} in {where} {what}, not {value!r}")
+
+    if name in _FLAGS:
+        if not isinstance(value, bool):
+            fail("takes true or false")
+    elif name in _WHOLE_NUMBERS:
+        if not isinstance(value, int) or isinstance(value, bool):
+            fail("takes a whole number")
+        low = _WHOLE_NUMBERS[name]
+        if low is not None and value < low:
+            fail(f"must be at least {low}" + (" (-1 means no limit)" if low == -1 else ""))
+        if name == "max_cond_frame_num" and value == 0:
+            fail("must be -1 (no limit) or at least 1")
+    elif name in _PROBABILITIES:
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value <= 1.0:
+            fail("takes a number from 0 to 1")
+    elif name == "rescale_factor":
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < float("inf"):
+            fail("takes a positive number")
+    elif name in ("image_mean", "image_std"):
+        if (not isinstance(value, tuple) or len(value) != 3
+                or not all(isinstance(v, (int, float)) and abs(v) < float("inf") for v in value)
+                or (name == "image_std" and not all(v > 0 for v in value))):
+            fail("takes three finite numbers" + (", all positive" if name == "image_std" else ""))

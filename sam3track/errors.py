@@ -33,3 +33,19 @@ class ObjectIdError(Sam3TrackError, KeyError):
 
 class SessionClosedError(Sam3TrackError):
     """The session was closed; start a new one."""
+
+
+class ArgumentError(Sam3TrackError, ValueError):
+    """An argument of an API call has the wrong type or value."""
+
+
+class BackendError(Sam3TrackError):
+    """A backend call failed, or was made after the backend (or its predictor) was closed."""
+
+
+class CapacityError(Sam3TrackError):
+    """A video needs more of a bounded resource (objects, memory rows) than the configuration allows."""
+
+
+class SessionBusyError(Sam3TrackError):
+    """A session is asked to do something while one of its propagate() generators is still running."""

@@ -2,14 +2,14 @@
 
 1. backbone + grounding: one backbone call, one grounding_head call for all prompts;
 2. propagation: one propagation_decoder call for all tracked objects;
-3. planning: every heuristic decided on host masks and scores (planning.py);
-4. execution: memory encoding, births (mask_init), removals;
+3. planning: every heuristic decided on host masks and scores, nothing mutated (planning.py);
+4. execution: memory encoding, births (mask_init), removals, the registry updated from the plan;
 5. outputs: low-resolution masks per visible object (post-processing is the session's).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -17,7 +17,9 @@ from . import mask_ops
 from .backends import Backend, DeviceTensor
 from .memory_bank import MemoryBank, MemoryEntry
 from .objects import ObjectRegistry
-from .planning import Detections, UpdatePlan, plan_frame
+from .planning import Detections, FramePlan, plan_frame
+
+REMOVED_SCORE = -1e4  # what the reference reports for objects its heuristics removed on this frame
 
 
 def _sigmoid(x: np.ndarray) -> np.ndarray:
@@ -30,13 +32,23 @@ class FrameOutput:
 
     frame_index: int
     masks: dict[int, np.ndarray]  # obj id -> low-res logits [L, L]
-    scores: dict[int, float]  # obj id -> detection score
+    scores: dict[int, float]  # obj id -> detection score (at birth)
     tracker_scores: dict[int, float]  # obj id -> tracker probability on this frame
-    removed: set[int]
+    prompts: dict[int, int]  # obj id -> prompt index
+    removed: set[int]  # removed on this frame by the hotstart rules or retirement
+    suppressed: set[int] = field(default_factory=set)  # hidden on this frame only
+
+
+@dataclass
+class Propagation:
+    raw: np.ndarray  # [N, L, L] the tracker's logits (what a conditioning frame keeps)
+    masks: np.ndarray  # [N, L, L] after hole filling (what planning reads)
+    scores: np.ndarray  # [N] object score logits
 
 
 class FrameLoop:
-    def __init__(self, backend: Backend, graphs: dict, config, bank: MemoryBank, objects: ObjectRegistry):
+    def __init__(self, backend: Backend, graphs, config, bank: MemoryBank, objects: ObjectRegistry):
+        # `graphs` is the predictor's own mapping: closing the predictor empties it for everyone
         self.backend, self.graphs, self.config = backend, graphs, config
         self.bank, self.objects = bank, objects
 
@@ -52,14 +64,22 @@ class FrameLoop:
         probs = _sigmoid(b.to_host(out["pred_logits"])) * _sigmoid(b.to_host(out["presence_logits"]))
         boxes = b.to_host(out["pred_boxes"])
         q = probs.shape[1]
+        candidates = [np.flatnonzero(probs[k] > cfg.score_threshold_detection) for k in range(num_prompts)]
+        size = cfg.low_res_mask_size
+        if not any(c.size for c in candidates):
+            return Detections(np.zeros((0, size, size), np.float32), np.zeros(0, np.float32),
+                              np.zeros((0, 4), np.float32), np.zeros(0, np.int64))
+        # only candidates above threshold leave the device, all prompts' in one copy
         pred = out["pred_masks"]
-        flat = DeviceTensor((num_prompts * q,) + tuple(pred.shape[2:]), pred.dtype, pred.handle)
+        flat = b.reshape(pred, (num_prompts * q,) + tuple(pred.shape[2:]))
+        all_masks = b.to_host(flat, rows=np.concatenate([k * q + c for k, c in enumerate(candidates)]))
         masks, scores, box_list, prompt_ids = [], [], [], []
-        for k in range(num_prompts):
-            valid = np.flatnonzero(probs[k] > cfg.score_threshold_detection)
+        start = 0
+        for k, valid in enumerate(candidates):
+            m = all_masks[start:start + valid.size]
+            start += valid.size
             if valid.size == 0:
                 continue
-            m = b.to_host(flat, rows=k * q + valid)  # only candidates above threshold leave the device
             keep = np.ones(valid.size, bool)
             if cfg.mask_nms and cfg.det_nms_thresh > 0:
                 keep = mask_ops.nms_masks(probs[k, valid], m, cfg.score_threshold_detection, cfg.det_nms_thresh)
@@ -67,33 +87,41 @@ class FrameLoop:
             scores.append(probs[k, valid][keep])
             box_list.append(boxes[k, valid][keep])
             prompt_ids.append(np.full(int(keep.sum()), k, np.int64))
-        size = cfg.low_res_mask_size
-        if not masks:
-            return Detections(np.zeros((0, size, size), np.float32), np.zeros(0, np.float32),
-                              np.zeros((0, 4), np.float32), np.zeros(0, np.int64))
         return Detections(np.concatenate(masks), np.concatenate(scores), np.concatenate(box_list),
                           np.concatenate(prompt_ids))
 
     # ---------------------------------------------------------------------------- 2. propagation
-    def propagate(self, features, frame: int, reverse: bool, num_frames: int | None):
-        obj_ids = list(self.objects.obj_ids)
+    def propagate(self, features, frame: int, reverse: bool, num_frames: int | None) -> Propagation:
+        obj_ids = self.objects.obj_ids
         n, size = len(obj_ids), self.config.low_res_mask_size
-        if n == 0:
-            return np.zeros((0, size, size), np.float32), np.zeros((0, size, size), np.float32), np.zeros(0, np.float32)
-        b, bank = self.backend, self.bank
-        query = bank.query(obj_ids, frame, reverse, num_frames)
-        first = bank.pointers.allocate(n)  # before reading the pool: allocation may grow it
-        inputs = {name: features[name] for name in ("tracker_feat_s0", "tracker_feat_s1", "tracker_feat")}
-        inputs.update(memory_pool=bank.memories.tensor, pointer_pool=bank.pointers.tensor)
-        for name, value in vars(query).items():
-            inputs[name] = b.upload(value)
-        out = b.run(self.graphs["propagation_decoder"], inputs, {"object_pointer": bank.pointers.view(first, n)})
-        raw = b.to_host(out["low_res_masks"])[:, 0]
-        scores = b.to_host(out["object_score_logits"])[:, 0]
+        raw = np.zeros((n, size, size), np.float32)
+        scores = np.zeros(n, np.float32)
+        # A frame that is already an object's conditioning frame (its birth, or a reconditioned frame of
+        # an earlier pass) keeps that output, as the reference does when it revisits one.
+        fresh = []
         for i, obj_id in enumerate(obj_ids):
-            bank.add(obj_id, frame, MemoryEntry(first + i, float(scores[i]), low_res_mask=raw[i]), cond=False)
-        masks = self._fill_holes(raw)
-        return raw, masks, scores
+            entry = self.bank.cond_entry(obj_id, frame)
+            if entry is None:
+                fresh.append(i)
+            else:
+                raw[i], scores[i] = entry.low_res_mask, entry.object_score
+        if fresh:
+            b, bank = self.backend, self.bank
+            ids = [obj_ids[i] for i in fresh]
+            query = bank.query(ids, frame, reverse, num_frames)
+            rows = bank.pointers.allocate(len(ids))  # before reading the pool: allocation may grow it
+            inputs = {name: features[name] for name in ("tracker_feat_s0", "tracker_feat_s1", "tracker_feat")}
+            inputs.update(memory_pool=bank.memories.tensor, pointer_pool=bank.pointers.tensor)
+            for name, value in vars(query).items():
+                inputs[name] = b.upload(value)
+            target = bank.pointers.target(rows)
+            out = b.run(self.graphs["propagation_decoder"], inputs, {"object_pointer": target})
+            bank.pointers.commit(rows, target)
+            raw[fresh] = b.to_host(out["low_res_masks"])[:, 0]
+            scores[fresh] = b.to_host(out["object_score_logits"])[:, 0]
+            for i, obj_id, row in zip(fresh, ids, rows):
+                bank.add(obj_id, frame, MemoryEntry(int(row), float(scores[i]), low_res_mask=raw[i]), cond=False)
+        return Propagation(raw, self._fill_holes(raw), scores)
 
     def _fill_holes(self, masks: np.ndarray) -> np.ndarray:
         if not self.config.fill_holes or masks.shape[0] == 0:
@@ -106,81 +134,95 @@ class FrameLoop:
         n = len(obj_ids)
         if n == 0:
             return
-        b, bank = self.backend, self.bank
-        first = bank.memories.allocate(n)
+        b, pool = self.backend, self.bank.memories
+        rows = pool.allocate(n)
+        target = pool.target(rows)
         b.run(self.graphs["memory_encoder"], {
             "tracker_feat": features["tracker_feat"],
             "mask_logits": b.upload(logits.reshape(n, 1, *logits.shape[-2:]).astype(np.float32)),
             "object_score_logits": b.upload(scores.reshape(n, 1).astype(np.float32)),
             "binarize": b.upload(np.full((n,), binarize)),
-        }, {"maskmem_features": bank.memories.view(first, n)})
-        bank.set_memory_rows(obj_ids, frame, first)
+        }, {"maskmem_features": target})
+        pool.commit(rows, target)
+        self.bank.set_memory_rows(obj_ids, frame, rows)
 
     def add_objects(self, features, obj_ids: list[int], det_masks: np.ndarray, frame: int) -> tuple[np.ndarray, np.ndarray]:
         """Births: the detection mask becomes the object's first (conditioning) output."""
         b, bank, n = self.backend, self.bank, len(obj_ids)
         binary = (det_masks >= 0.5).astype(np.float32)
-        first = bank.pointers.allocate(n)
+        rows = bank.pointers.allocate(n)
+        target = bank.pointers.target(rows)
         out = b.run(self.graphs["mask_init"], {"tracker_feat": features["tracker_feat"],
                                                "masks": b.upload(binary[:, None])},
-                    {"object_pointer": bank.pointers.view(first, n)})
+                    {"object_pointer": target})
+        bank.pointers.commit(rows, target)
         low_res = b.to_host(out["low_res_masks"])[:, 0]
         scores = b.to_host(out["object_score_logits"])[:, 0]
-        for i, obj_id in enumerate(obj_ids):
-            bank.add(obj_id, frame, MemoryEntry(first + i, float(scores[i]), low_res_mask=low_res[i]), cond=True)
+        for i, (obj_id, row) in enumerate(zip(obj_ids, rows)):
+            bank.add(obj_id, frame, MemoryEntry(int(row), float(scores[i]), low_res_mask=low_res[i]), cond=True)
         return binary, scores
+
+    def execute(self, features, plan: FramePlan, det: Detections, tracked: Propagation, frame: int) -> None:
+        """Apply the plan: memories of this frame, births, the registry's bookkeeping, removals."""
+        objects, bank, quirks = self.objects, self.bank, self.config.match_reference_quirks
+        old_ids = objects.obj_ids
+        for obj_id in plan.reconditioned_obj_ids:
+            bank.promote_to_cond(obj_id, frame)
+        self.encode_memory(features, old_ids, frame, plan.memory_masks, plan.memory_scores, binarize=False)
+        if plan.new_obj_ids:
+            new_binary, new_scores = self.add_objects(features, plan.new_obj_ids, det.masks[plan.new_det_inds], frame)
+            # The reference re-encodes every tracked object's memory of a frame with births from its
+            # thresholded mask (a quirk: it couples prompts); otherwise only the new objects are encoded.
+            again = [i for i, o in enumerate(old_ids) if quirks and not bank.has_cond(o, frame)]
+            ids = [old_ids[i] for i in again] + plan.new_obj_ids
+            logits = np.concatenate([tracked.raw[again], new_binary * 20.0 - 10.0])
+            scores = np.concatenate([tracked.scores[again], new_scores])
+            self.encode_memory(features, ids, frame, logits, scores, binarize=True)
+        for obj_id, update in plan.updates.items():
+            obj = objects[obj_id]
+            obj.keep_alive, obj.unmatched_count = update.keep_alive, update.unmatched_count
+            obj.last_occluded, obj.last_visible, obj.duplicate_of = (update.last_occluded, update.last_visible,
+                                                                     update.duplicates)
+        for obj in plan.births:
+            objects.add(obj)
+        for obj_id in plan.removed_obj_ids | plan.retired_obj_ids:
+            objects.drop(obj_id)
+            bank.remove_object(obj_id)
 
     # ------------------------------------------------------------------------------- the frame
     def step(self, features, det: Detections, frame: int, reverse: bool, streaming: bool,
              num_frames: int | None) -> FrameOutput:
-        objects, cfg = self.objects, self.config
-        old_ids = list(objects.obj_ids)
-        raw, track_masks, track_scores = self.propagate(features, frame, reverse, num_frames)
+        objects = self.objects
+        old_ids = objects.obj_ids
+        old_prompts = {o: objects[o].prompt for o in old_ids}
+        old_scores = {o: objects[o].score for o in old_ids}
+        tracked = self.propagate(features, frame, reverse, num_frames)
+        plan = plan_frame(frame, reverse, streaming, det, tracked.masks, tracked.scores, objects, self.config)
+        self.execute(features, plan, det, tracked, frame)
+        return self._output(plan, det, tracked, frame, old_ids, old_prompts, old_scores)
 
-        plan: UpdatePlan = plan_frame(frame, reverse, streaming, det, track_masks, track_scores, objects, cfg)
-
-        # planning's memory encoding (all tracked objects, soft masks)
-        for obj_id in plan.reconditioned_obj_ids:
-            self.bank.promote_to_cond(obj_id, frame)
-        self.encode_memory(features, old_ids, frame, plan.memory_masks, plan.memory_scores, binarize=False)
-
-        # execution: births, then (as the reference does on such frames) every object's memory re-encoded
-        # from its thresholded raw mask, then removals
-        quirks = cfg.match_reference_quirks
-        if plan.new_obj_ids:
-            new_binary, new_scores = self.add_objects(features, plan.new_obj_ids, det.masks[plan.new_det_inds], frame)
-            again = [i for i, o in enumerate(old_ids) if quirks and not self.bank.has_cond(o, frame)]
-            ids = [old_ids[i] for i in again] + plan.new_obj_ids
-            logits = np.concatenate([raw[again], new_binary * 20.0 - 10.0])
-            scores = np.concatenate([track_scores[again], new_scores])
-            self.encode_memory(features, ids, frame, logits, scores, binarize=True)
-        ids_after = [o for o in old_ids + plan.new_obj_ids if o not in plan.removed_obj_ids]
-        for obj_id in plan.removed_obj_ids:
-            self.bank.remove_object(obj_id)
-
-        # outputs. Quirk kept for parity: the reference pairs the updated id list (new ids appended,
-        # removed ones dropped) with the old frame's masks by position.
-        paired_ids = ids_after if quirks else old_ids
+    # ----------------------------------------------------------------------------------- 5. outputs
+    def _output(self, plan: FramePlan, det: Detections, tracked: Propagation, frame: int, old_ids: list[int],
+                old_prompts: dict[int, int], old_scores: dict[int, float]) -> FrameOutput:
+        gone = plan.removed_obj_ids | plan.retired_obj_ids
+        # The reference pairs the updated id list (new ids appended, removed ones dropped) with the old
+        # frame's masks by position; only match_reference_quirks reproduces that.
+        ids_after = [o for o in old_ids + plan.new_obj_ids if o not in gone]
+        paired_ids = ids_after if self.config.match_reference_quirks else old_ids
         masks = {int(o): m for o, m in zip(paired_ids, plan.track_masks)}
+        prompts = dict(old_prompts)
+        scores = {o: (REMOVED_SCORE if o in gone else s) for o, s in old_scores.items()}
+        tracker = {o: float(p) for o, p in zip(paired_ids, _sigmoid(tracked.scores))}
         if plan.new_obj_ids:
             births = self._fill_holes(det.masks[plan.new_det_inds])
-            masks.update({int(o): m for o, m in zip(plan.new_obj_ids, births)})
+            for obj, m in zip(plan.births, births):
+                masks[obj.obj_id] = m
+                prompts[obj.obj_id] = obj.prompt
+                scores[obj.obj_id] = obj.score
+                tracker.setdefault(obj.obj_id, REMOVED_SCORE if obj.obj_id in gone else obj.score)
+        for obj_id in gone:
+            tracker.setdefault(obj_id, REMOVED_SCORE)
         for obj_id in plan.reconditioned_obj_ids:
             masks[int(obj_id)] = det.masks[plan.association.obj_to_high_conf_det[obj_id]]
-
-        scores = dict(objects.score)
-        tracker = objects.tracker_score[frame]
-        for obj_id, d in zip(plan.new_obj_ids, plan.new_det_inds):
-            scores[obj_id] = float(det.scores[d])
-            tracker[obj_id] = float(det.scores[d])
-        if plan.new_obj_ids:
-            objects.max_obj_id = max(objects.max_obj_id, max(plan.new_obj_ids))
-        for obj_id in plan.removed_obj_ids:
-            scores[obj_id] = -1e4
-            tracker[obj_id] = -1e4
-            plan.last_occluded.pop(obj_id, None)
-        tracker.update(zip(paired_ids, _sigmoid(track_scores).tolist()))
-        objects.score = scores
-        objects.last_occluded = plan.last_occluded
-        objects.obj_ids = ids_after
-        return FrameOutput(frame, masks, scores, dict(tracker), set(objects.removed))
+        hidden = plan.suppressed_obj_ids | gone
+        return FrameOutput(frame, masks, scores, tracker, prompts, set(gone), hidden)

@@ -8,8 +8,16 @@ frame owns which row, and applies the reference's selection rules (transformers
   nearest) at the last temporal slot, plus non-conditioning frames 1..num_maskmem-1 away;
 - pointers: every conditioning frame at or before the current one (after it, in reverse), plus
   non-conditioning frames 1..max_ptr-1 away.
-Rows that no future frame can select are freed, so memory does not grow with video length (pointers of
-conditioning frames are kept: the reference attends all of them; they are C floats each).
+
+What is kept (the reference keeps every output forever; this keeps what a later frame can read):
+- conditioning entries are never demoted or freed by eviction, in any pass or direction; an object
+  keeps at most `max_conditioning_frames` of them (the farthest from the current frame goes first;
+  0 keeps all, as the reference). In a live stream the spatial memory of a conditioning frame that
+  can no longer be selected (older than the `max_cond_frame_num` newest, more than num_maskmem-1
+  frames back) is freed: frames only come later there;
+- non-conditioning entries are freed once they are too far behind the current frame for the next
+  frame in the same direction to read them. A later call that continues where the last one stopped
+  finds what the reference would; frames a later pass of the same call reads are pinned.
 """
 
 from __future__ import annotations
@@ -19,17 +27,28 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .backends import Backend, DeviceTensor
+from .errors import Sam3TrackError
+
+ZERO_ROW = 0  # every pool's row 0 stays zeros: padding entries of a query point at it
 
 
 class DevicePool:
-    """Rows on the device, handed out in contiguous runs so one graph call can write a batch."""
+    """Rows of one shape on the device, zero-filled, handed out one by one (no contiguity needed).
 
-    def __init__(self, backend: Backend, row_shape: tuple[int, ...], dtype=np.float32, capacity: int = 16):
-        self.backend = backend
+    Capacity doubles when the free rows run out, so it stays within twice the peak of rows in use;
+    the old buffer is freed on the backend, so a view taken before the growth fails loudly instead
+    of writing into memory nobody reads.
+    """
+
+    def __init__(self, backend: Backend, row_shape: tuple[int, ...], dtype=np.float32, capacity: int = 16,
+                 name: str = "pool"):
+        self.backend, self.name = backend, name
         self.row_shape = tuple(row_shape)
         self.dtype = np.dtype(dtype)
-        self.tensor: DeviceTensor = backend.empty((capacity,) + self.row_shape, self.dtype)
-        self.free = np.ones(capacity, bool)
+        self.initial_capacity = max(int(capacity), 2)
+        self.tensor: DeviceTensor = backend.zeros((self.initial_capacity,) + self.row_shape, self.dtype)
+        self.free = np.ones(self.initial_capacity, bool)
+        self.free[ZERO_ROW] = False
 
     @property
     def capacity(self) -> int:
@@ -37,41 +56,74 @@ class DevicePool:
 
     @property
     def used(self) -> int:
-        return int((~self.free).sum())
+        """Rows holding data (the zero row excluded)."""
+        return int((~self.free).sum()) - 1
 
-    def allocate(self, count: int) -> int:
-        """First row of `count` free consecutive rows (the pool grows when there is no such run)."""
-        if count == 0:
-            return 0
-        run = np.convolve(self.free.astype(np.int32), np.ones(count, np.int32), mode="valid")
-        starts = np.flatnonzero(run == count)
-        if starts.size == 0:
-            self._grow(max(self.capacity * 2, self.capacity + count))
-            return self.allocate(count)
-        start = int(starts[0])
-        self.free[start:start + count] = False
-        return start
+    def allocate(self, count: int) -> np.ndarray:
+        """`count` free rows, lowest first (the pool grows when fewer are free)."""
+        available = np.flatnonzero(self.free)
+        if available.size < count:
+            needed = self.used + 1 + count
+            capacity = self.capacity
+            while capacity < needed:
+                capacity *= 2
+            self._resize(capacity)
+            available = np.flatnonzero(self.free)
+        rows = available[:count]
+        self.free[rows] = False
+        return rows
 
     def release(self, rows) -> None:
         for r in rows:
-            if r is not None:
+            if r is not None and r != ZERO_ROW:
                 self.free[r] = True
 
-    def view(self, start: int, count: int) -> DeviceTensor:
-        return self.backend.rows(self.tensor, start, count)
+    def target(self, rows: np.ndarray) -> DeviceTensor:
+        """Where a graph writes the batch for `rows`: a view of the pool when they are consecutive,
+        else a scratch tensor that `commit` scatters."""
+        if rows.size and np.all(np.diff(rows) == 1):
+            return self.backend.rows(self.tensor, int(rows[0]), int(rows.size))
+        return self.backend.empty((int(rows.size),) + self.row_shape, self.dtype)
 
-    def _grow(self, capacity: int) -> None:
-        bigger = self.backend.empty((capacity,) + self.row_shape, self.dtype)
+    def commit(self, rows: np.ndarray, written: DeviceTensor) -> None:
+        """Scatter a scratch batch from `target` into the pool (one device copy per run of rows)."""
+        if rows.size and np.all(np.diff(rows) == 1):
+            return
+        start = 0
+        breaks = np.flatnonzero(np.diff(rows) != 1) + 1
+        for end in list(breaks) + [rows.size]:
+            self.backend.copy(self.backend.rows(written, start, end - start),
+                              self.backend.rows(self.tensor, int(rows[start]), end - start))
+            start = end
+        self.backend.free(written)
+
+    def reset(self) -> None:
+        """Back to the initial capacity with every row free (session reset)."""
+        self._replace(self.backend.zeros((self.initial_capacity,) + self.row_shape, self.dtype))
+        self.free = np.ones(self.initial_capacity, bool)
+        self.free[ZERO_ROW] = False
+
+    def close(self) -> None:
+        if self.tensor is not None:
+            self.backend.free(self.tensor)
+            self.tensor = None
+
+    def _resize(self, capacity: int) -> None:
+        bigger = self.backend.zeros((capacity,) + self.row_shape, self.dtype)
         self.backend.copy(self.tensor, self.backend.rows(bigger, 0, self.capacity))  # device to device
-        self.tensor = bigger
         self.free = np.concatenate([self.free, np.ones(capacity - self.free.size, bool)])
+        self._replace(bigger)
+
+    def _replace(self, tensor: DeviceTensor) -> None:
+        old, self.tensor = self.tensor, tensor
+        self.backend.free(old)
 
 
 @dataclass
 class MemoryEntry:
     """What one object keeps from one frame."""
 
-    pointer_row: int
+    pointer_row: int | None
     object_score: float  # object score logit of that frame's output
     memory_row: int | None = None  # filled once the memory encoder has run for that frame
     low_res_mask: np.ndarray | None = None  # host copy, reused when a conditioning frame is revisited
@@ -85,7 +137,7 @@ class ObjectMemory:
 
 @dataclass
 class MemoryQuery:
-    """Padded per-object indices for one propagation_decoder call."""
+    """Padded per-object indices for one propagation_decoder call (padding points at the zero row)."""
 
     memory_index: np.ndarray  # int64 [N, K]
     memory_slot: np.ndarray  # int64 [N, K]
@@ -115,17 +167,17 @@ class MemoryBank:
     def __init__(self, backend: Backend, config):
         self.config = config
         hw = config.feature_grid ** 2
-        self.memories = DevicePool(backend, (hw, config.memory_dim))
-        self.pointers = DevicePool(backend, (config.hidden_dim,))
+        self.memories = DevicePool(backend, (hw, config.memory_dim), name="memory pool")
+        self.pointers = DevicePool(backend, (config.hidden_dim,), name="pointer pool")
         self.objects: dict[int, ObjectMemory] = {}
-        self.pinned_frames: set[int] = set()  # frames a later pass will still read ("both" directions)
-        # A later backward pass selects the earliest conditioning frames, which a forward pass would
-        # free; while set, conditioning memories are kept (one per birth or 16 frames at most).
-        self.keep_conditioning = False
+        self.pinned_frames: set[int] = set()  # frames a later pass of the same call still reads
 
     # ------------------------------------------------------------------------------- writing
     def add(self, obj_id: int, frame: int, entry: MemoryEntry, cond: bool) -> None:
         mem = self.objects.setdefault(obj_id, ObjectMemory())
+        if not cond and frame in mem.cond:
+            raise Sam3TrackError(f"internal error: object {obj_id}'s conditioning memory of frame {frame} would be "
+                                 "replaced by a tracked one; please report this")
         old = mem.cond.pop(frame, None) or mem.non_cond.pop(frame, None)
         if old is not None:
             self._release(old)
@@ -137,20 +189,24 @@ class MemoryBank:
             return None
         return mem.cond.get(frame) or mem.non_cond.get(frame)
 
+    def cond_entry(self, obj_id: int, frame: int) -> MemoryEntry | None:
+        mem = self.objects.get(obj_id)
+        return mem.cond.get(frame) if mem is not None else None
+
     def has_cond(self, obj_id: int, frame: int) -> bool:
-        return obj_id in self.objects and frame in self.objects[obj_id].cond
+        return self.cond_entry(obj_id, frame) is not None
 
     def promote_to_cond(self, obj_id: int, frame: int) -> None:
         mem = self.objects[obj_id]
         if frame in mem.non_cond:
             mem.cond[frame] = mem.non_cond.pop(frame)
 
-    def set_memory_rows(self, obj_ids: list[int], frame: int, first_row: int) -> None:
-        for i, obj_id in enumerate(obj_ids):
+    def set_memory_rows(self, obj_ids: list[int], frame: int, rows: np.ndarray) -> None:
+        for obj_id, row in zip(obj_ids, rows):
             entry = self.entry(obj_id, frame)
             if entry.memory_row is not None:
                 self.memories.release([entry.memory_row])
-            entry.memory_row = first_row + i
+            entry.memory_row = int(row)
 
     def remove_object(self, obj_id: int) -> None:
         mem = self.objects.pop(obj_id, None)
@@ -159,23 +215,30 @@ class MemoryBank:
                 self._release(entry)
 
     def clear(self) -> None:
-        for obj_id in list(self.objects):
-            self.remove_object(obj_id)
+        """Forget every object and give the pools back their initial size."""
+        self.objects.clear()
         self.pinned_frames.clear()
+        self.memories.reset()
+        self.pointers.reset()
+
+    def close(self) -> None:
+        self.objects.clear()
+        self.memories.close()
+        self.pointers.close()
 
     def _release(self, entry: MemoryEntry) -> None:
         self.memories.release([entry.memory_row])
         self.pointers.release([entry.pointer_row])
-        entry.memory_row = None
+        entry.memory_row = entry.pointer_row = None
 
     # ------------------------------------------------------------------------------- reading
     def query(self, obj_ids: list[int], frame: int, reverse: bool, num_frames: int | None) -> MemoryQuery:
-        per_object = [self._select(self.objects[o], frame, reverse, num_frames) for o in obj_ids]
+        per_object = [self._select(o, frame, reverse, num_frames) for o in obj_ids]
         n = len(obj_ids)
         k = max(1, max(len(m) for m, _ in per_object))
         p = max(1, max(len(q) for _, q in per_object))
-        q = MemoryQuery(np.zeros((n, k), np.int64), np.zeros((n, k), np.int64), np.zeros((n, k), bool),
-                        np.zeros((n, p), np.int64), np.zeros((n, p), np.float32), np.zeros((n, p), bool))
+        q = MemoryQuery(np.full((n, k), ZERO_ROW, np.int64), np.zeros((n, k), np.int64), np.zeros((n, k), bool),
+                        np.full((n, p), ZERO_ROW, np.int64), np.zeros((n, p), np.float32), np.zeros((n, p), bool))
         for i, (mems, ptrs) in enumerate(per_object):
             for j, (row, slot) in enumerate(mems):
                 q.memory_index[i, j], q.memory_slot[i, j], q.memory_valid[i, j] = row, slot, True
@@ -187,18 +250,21 @@ class MemoryBank:
         limit = self.config.max_object_pointers_in_encoder
         return limit if num_frames is None else min(num_frames, limit)
 
-    def _select(self, mem: ObjectMemory, frame: int, reverse: bool, num_frames: int | None):
+    def _select(self, obj_id: int, frame: int, reverse: bool, num_frames: int | None):
         cfg = self.config
+        mem = self.objects[obj_id]
         last_slot = cfg.num_maskmem - 1  # the reference indexes temporal encodings with offset-1; 0 -> -1
         selected, unselected = select_closest_cond_frames(frame, mem.cond, cfg.max_cond_frame_num)
-        memories = [(e.memory_row, last_slot) for e in selected.values()]
+        memories = [(t, e.memory_row, last_slot) for t, e in selected.items()]
         for offset in range(cfg.num_maskmem - 1, 0, -1):
             t = frame + offset if reverse else frame - offset
             e = mem.non_cond.get(t, unselected.get(t))
             if e is not None:
-                memories.append((e.memory_row, offset - 1))
-        if any(row is None for row, _ in memories):
-            raise RuntimeError("a memory entry was selected before its memory was encoded")
+                memories.append((t, e.memory_row, offset - 1))
+        missing = [t for t, row, _ in memories if row is None]
+        if missing:
+            raise Sam3TrackError(f"internal error: object {obj_id}'s memory of frame {missing[0]} was selected on "
+                                 f"frame {frame} after it was freed; please report this")
 
         sign = -1 if reverse else 1
         max_ptr = self._max_pointers(num_frames)
@@ -214,11 +280,11 @@ class MemoryBank:
             if e is not None:
                 pointers.append((e.pointer_row, d))
         scale = max(max_ptr - 1, 1)  # the reference divides by max_ptr-1 (0/0 only on a 1-frame video)
-        return memories, [(row, off / scale) for row, off in pointers]
+        return [(row, slot) for _, row, slot in memories], [(row, off / scale) for row, off in pointers]
 
     # ------------------------------------------------------------------------------ eviction
-    def evict(self, frame: int, reverse: bool) -> None:
-        """Free what no later frame in this direction can select (pinned frames excepted)."""
+    def evict(self, frame: int, reverse: bool, streaming: bool) -> None:
+        """Free what no later frame can read (see the module docstring)."""
         cfg = self.config
         keep_memory = cfg.num_maskmem - 1
         keep_pointer = cfg.max_object_pointers_in_encoder - 1
@@ -234,17 +300,21 @@ class MemoryBank:
                 elif behind >= keep_memory and entry.memory_row is not None:
                     self.memories.release([entry.memory_row])
                     entry.memory_row = None
-            if self.keep_conditioning:
-                continue
-            # conditioning frames: only the most recent max_cond_frame_num stay selectable going on
-            ordered = sorted(mem.cond, reverse=not reverse)
-            for t in ordered[cfg.max_cond_frame_num:]:
-                entry = mem.cond[t]
-                behind = (t - frame) if reverse else (frame - t)
-                # an unselected conditioning frame still serves as a nearby non-conditioning memory
-                if behind >= keep_memory and t not in self.pinned_frames and entry.memory_row is not None:
-                    self.memories.release([entry.memory_row])
-                    entry.memory_row = None
+            self._limit_conditioning(mem, frame)
+            if streaming and cfg.max_cond_frame_num != -1:
+                newest = sorted(mem.cond, reverse=True)[:cfg.max_cond_frame_num]
+                for t, entry in mem.cond.items():
+                    if t not in newest and frame - t >= keep_memory and entry.memory_row is not None:
+                        self.memories.release([entry.memory_row])
+                        entry.memory_row = None
+
+    def _limit_conditioning(self, mem: ObjectMemory, frame: int) -> None:
+        limit = self.config.max_conditioning_frames
+        if limit <= 0 or len(mem.cond) <= limit:
+            return
+        farthest = sorted(mem.cond, key=lambda t: (-abs(t - frame), t))[: len(mem.cond) - limit]
+        for t in farthest:
+            self._release(mem.cond.pop(t))
 
     # --------------------------------------------------------------------------------- looking in
     def summary(self) -> dict[int, dict[str, list[int]]]:

@@ -1,8 +1,9 @@
-"""The planning phase: every heuristic decided on host data before anything is executed.
+"""The planning phase: every heuristic decided on host data, nothing mutated.
 
 Port of transformers `Sam3VideoModel.run_tracker_update_planning_phase` and `_process_hotstart`,
-`_prepare_recondition_masks`, `_suppress_overlapping_based_on_recent_occlusion`. Nothing here touches
-the device: it reads low-resolution masks and scores and writes an `UpdatePlan`.
+`_prepare_recondition_masks`, `_suppress_overlapping_based_on_recent_occlusion`, plus sam3track's own
+retirement of long-unseen objects. `plan_frame` reads the registry and this frame's masks and scores
+and returns a `FramePlan`; the frame loop's execution phase applies it (`apply_plan`).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import numpy as np
 
 from . import mask_ops
 from .association import Association, associate
-from .objects import ALWAYS_OCCLUDED, NEVER_OCCLUDED, ObjectRegistry
+from .objects import ALWAYS_OCCLUDED, NEVER_OCCLUDED, ObjectRegistry, TrackedObject
 
 NO_OBJ_LOGIT = -10.0
 
@@ -32,22 +33,36 @@ class Detections:
 
 
 @dataclass
-class UpdatePlan:
+class ObjectUpdate:
+    """New values of one tracked object's bookkeeping after this frame."""
+
+    keep_alive: int
+    unmatched_count: int
+    last_occluded: int | None
+    last_visible: int
+    duplicates: dict[int, int]  # first-born object id -> frames both matched one detection
+
+
+@dataclass
+class FramePlan:
     association: Association
     new_det_inds: list[int]
     new_obj_ids: list[int]
-    removed_obj_ids: set[int]
+    removed_obj_ids: set[int]  # by the hotstart rules (the reference's obj_ids_newly_removed)
+    retired_obj_ids: set[int]  # unseen for `retire_unseen_after` frames (sam3track's own rule)
+    suppressed_obj_ids: set[int]  # hidden on this frame only (kept alive while unmatched)
     reconditioned_obj_ids: set[int]
     track_masks: np.ndarray  # [N, L, L] tracker masks after overlap suppression (what the frame shows)
     memory_masks: np.ndarray  # [N, L, L] what the memory encoder sees (after the non-overlap shrink rule)
     memory_scores: np.ndarray  # [N] object score logits for memory (+-10 by mask area)
-    last_occluded: dict[int, int] = field(default_factory=dict)
+    updates: dict[int, ObjectUpdate] = field(default_factory=dict)  # per tracked object
+    births: list[TrackedObject] = field(default_factory=list)
 
 
 def plan_frame(frame: int, reverse: bool, streaming: bool, det: Detections, track_masks: np.ndarray,
-               track_scores: np.ndarray, objects: ObjectRegistry, config) -> UpdatePlan:
-    obj_ids = list(objects.obj_ids)
-    trk_prompts = np.asarray([objects.prompt_of[o] for o in obj_ids], np.int64)
+               track_scores: np.ndarray, objects: ObjectRegistry, config) -> FramePlan:
+    obj_ids = objects.obj_ids
+    trk_prompts = np.asarray([objects[o].prompt for o in obj_ids], np.int64)
     assoc = associate(det.masks, det.scores, det.prompt_ids, track_masks, obj_ids, trk_prompts, config)
 
     new_inds = assoc.new_det_inds
@@ -56,10 +71,16 @@ def plan_frame(frame: int, reverse: bool, streaming: bool, det: Detections, trac
         order = np.argsort(-det.scores[new_inds], kind="stable")[:max(keep, 0)]
         new_inds = [new_inds[i] for i in order]
     new_ids = objects.new_ids(len(new_inds))
-    for obj_id, d in zip(new_ids, new_inds):
-        objects.prompt_of[obj_id] = int(det.prompt_ids[d])
+    births = [TrackedObject(obj_id=o, prompt=int(det.prompt_ids[d]), first_frame=frame, score=float(det.scores[d]),
+                            keep_alive=config.init_trk_keep_alive, last_visible=frame)
+              for o, d in zip(new_ids, new_inds)]
 
-    removed = _hotstart(frame, reverse, streaming, assoc, new_ids, objects, config)
+    visible = (track_masks > 0).reshape(len(obj_ids), -1).any(axis=1) if obj_ids else np.zeros(0, bool)
+    updates = {o: ObjectUpdate(objects[o].keep_alive, objects[o].unmatched_count, objects[o].last_occluded,
+                               frame if visible[i] else objects[o].last_visible, dict(objects[o].duplicate_of))
+               for i, o in enumerate(obj_ids)}
+    removed, suppressed = _hotstart(frame, reverse, streaming, assoc, births, objects, updates, config)
+    retired = _unseen_too_long(frame, objects, updates, removed, config)
 
     reconditioned: set[int] = set()
     recondition_masks: dict[int, np.ndarray] = {}
@@ -74,81 +95,96 @@ def plan_frame(frame: int, reverse: bool, streaming: bool, det: Detections, trac
                                       else (det.masks[d] >= 0.5).astype(np.float32))
 
     track_masks = track_masks.copy()
-    last_occluded: dict[int, int] = {}
     memory_masks = track_masks
     memory_scores = np.zeros((0,), np.float32)
     if obj_ids:
         if config.suppress_overlapping_based_on_recent_occlusion_threshold > 0.0:
-            last_occluded = _suppress_by_recent_occlusion(frame, reverse, track_masks, obj_ids, removed,
-                                                          objects, config)
+            _suppress_by_recent_occlusion(frame, reverse, track_masks, obj_ids, removed, objects, updates, config)
         memory_masks = track_masks.copy()
         for idx, m in recondition_masks.items():
             memory_masks[idx] = m
-        memory_masks = mask_ops.suppress_object_pw_area_shrinkage(memory_masks, [objects.prompt_of[o] for o in obj_ids])
+        memory_masks = mask_ops.suppress_object_pw_area_shrinkage(memory_masks, trk_prompts.tolist())
         memory_scores = np.where((memory_masks > 0).reshape(len(obj_ids), -1).any(axis=1), 10.0, -10.0)
         memory_scores = memory_scores.astype(np.float32)
-    return UpdatePlan(assoc, new_inds, new_ids, removed, reconditioned, track_masks, memory_masks, memory_scores,
-                      last_occluded)
+    return FramePlan(assoc, new_inds, new_ids, removed, retired, suppressed, reconditioned, track_masks,
+                     memory_masks, memory_scores, updates, births)
 
 
-def _hotstart(frame, reverse, streaming, assoc: Association, new_ids, objects: ObjectRegistry, config) -> set[int]:
-    """Remove objects born recently that stay unmatched, or duplicate an older one (reference `_process_hotstart`)."""
+def _hotstart(frame, reverse, streaming, assoc: Association, births: list[TrackedObject], objects: ObjectRegistry,
+              updates: dict[int, ObjectUpdate], config) -> tuple[set[int], set[int]]:
+    """Objects born recently that stay unmatched, or duplicate an older one, are removed (reference
+    `_process_hotstart`); long-unmatched ones are suppressed on this frame. Fills `updates`."""
     newly_removed: set[int] = set()
+    suppressed: set[int] = set()
     diff = frame + config.hotstart_delay if reverse else frame - config.hotstart_delay
+    first_frame = {o: objects[o].first_frame for o in objects.obj_ids} | {b.obj_id: b.first_frame for b in births}
 
     def within_hotstart(obj_id):
-        first = objects.first_frame[obj_id]
-        return first < diff if reverse else first > diff
+        return first_frame[obj_id] < diff if reverse else first_frame[obj_id] > diff
 
-    for obj_id in new_ids:
-        objects.first_frame.setdefault(obj_id, frame)
-        objects.keep_alive[obj_id] = config.init_trk_keep_alive
     matched = {int(o) for ids in assoc.det_to_matched_obj_ids.values() for o in ids}
     for obj_id in matched:
-        objects.keep_alive[obj_id] = min(config.max_trk_keep_alive, objects.keep_alive[obj_id] + 1)
+        u = updates[obj_id]
+        u.keep_alive = min(config.max_trk_keep_alive, u.keep_alive + 1)
     for obj_id in assoc.unmatched_obj_ids:
-        objects.unmatched_frames[obj_id].append(frame)
-        objects.keep_alive[obj_id] = max(config.min_trk_keep_alive, objects.keep_alive[obj_id] - 1)
+        u = updates[obj_id]
+        u.unmatched_count += 1
+        u.keep_alive = max(config.min_trk_keep_alive, u.keep_alive - 1)
     if config.decrease_trk_keep_alive_for_empty_masklets:
         for obj_id in assoc.empty_obj_ids:
-            objects.keep_alive[obj_id] = max(config.min_trk_keep_alive, objects.keep_alive[obj_id] - 1)
+            u = updates[obj_id]
+            u.keep_alive = max(config.min_trk_keep_alive, u.keep_alive - 1)
 
     if not streaming:  # without future frames the reference never removes
-        for obj_id, frames in objects.unmatched_frames.items():
-            if obj_id in objects.removed or obj_id in newly_removed:
+        for obj_id, u in updates.items():
+            if u.unmatched_count == 0:  # the reference only looks at objects unmatched at least once
                 continue
-            if len(frames) >= config.hotstart_unmatch_thresh and within_hotstart(obj_id):
+            if u.unmatched_count >= config.hotstart_unmatch_thresh and within_hotstart(obj_id):
                 newly_removed.add(obj_id)
-            if (objects.keep_alive.get(obj_id, 0) <= 0 and not config.suppress_unmatched_only_within_hotstart
-                    and obj_id not in objects.removed and obj_id not in newly_removed):
-                objects.suppressed[frame].add(obj_id)
+            elif u.keep_alive <= 0 and not config.suppress_unmatched_only_within_hotstart:
+                suppressed.add(obj_id)
 
     for ids in assoc.det_to_matched_obj_ids.values():
         if len(ids) < 2:
             continue
         pick = max if reverse else min
-        first = pick(ids, key=lambda x: objects.first_frame[x])
+        first = pick(ids, key=lambda x: first_frame[x])
         for obj_id in ids:
             if obj_id != first:
-                objects.overlap_pair_frames[(first, obj_id)].append(frame)
+                dup = updates[obj_id].duplicates
+                dup[first] = dup.get(first, 0) + 1
 
     if not streaming:
-        for (first, obj_id), frames in objects.overlap_pair_frames.items():
-            if obj_id in objects.removed or obj_id in newly_removed:
+        for obj_id, u in updates.items():
+            if obj_id in newly_removed or not within_hotstart(obj_id):
                 continue
-            if within_hotstart(obj_id) and len(frames) >= config.hotstart_dup_thresh:
+            if any(count >= config.hotstart_dup_thresh for count in u.duplicates.values()):
                 newly_removed.add(obj_id)
-    objects.removed |= newly_removed
-    return newly_removed
+    return newly_removed, suppressed
+
+
+def _unseen_too_long(frame, objects: ObjectRegistry, updates: dict[int, ObjectUpdate], removed: set[int],
+                     config) -> set[int]:
+    """Objects whose mask stayed empty for `retire_unseen_after` frames (0: never, as the reference)."""
+    limit = config.retire_unseen_after
+    if limit <= 0:
+        return set()
+    return {o for o, u in updates.items() if o not in removed and abs(frame - u.last_visible) >= limit}
 
 
 def _suppress_by_recent_occlusion(frame, reverse, masks, obj_ids, newly_removed, objects: ObjectRegistry,
-                                  config) -> dict[int, int]:
+                                  updates: dict[int, ObjectUpdate], config) -> None:
     """Overlapping tracks of one prompt: the most recently occluded one gives way (in place on `masks`)."""
     binary = masks > 0
-    last = np.asarray([objects.last_occluded.get(o, ALWAYS_OCCLUDED if o in newly_removed else NEVER_OCCLUDED)
-                       for o in obj_ids], np.int64)
-    prompts = np.asarray([objects.prompt_of[o] for o in obj_ids], np.int64)
+
+    def last_occluded(o):
+        known = objects[o].last_occluded
+        if known is not None:
+            return known
+        return ALWAYS_OCCLUDED if o in newly_removed else NEVER_OCCLUDED
+
+    last = np.asarray([last_occluded(o) for o in obj_ids], np.int64)
+    prompts = np.asarray([objects[o].prompt for o in obj_ids], np.int64)
     suppress = np.zeros(len(obj_ids), bool)
     for prompt in np.unique(prompts):
         idx = np.flatnonzero(prompts == prompt)
@@ -159,4 +195,5 @@ def _suppress_by_recent_occlusion(frame, reverse, masks, obj_ids, newly_removed,
     occluded = ~binary.reshape(len(obj_ids), -1).any(axis=1)
     last = np.where(occluded | suppress, frame, last)
     masks[suppress] = NO_OBJ_LOGIT
-    return {o: int(t) for o, t in zip(obj_ids, last)}
+    for o, t in zip(obj_ids, last):
+        updates[o].last_occluded = int(t)

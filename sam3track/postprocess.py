@@ -80,21 +80,24 @@ def objectwise_non_overlap(masks: np.ndarray, scores: np.ndarray, prompt_ids: li
     return out
 
 
-def build_result(output, objects, prompts: list[str], height: int, width: int) -> FrameResult:
-    """The reference processor's postprocess_outputs: upsample, drop empty and hidden, boxes, non-overlap."""
+def build_result(output, prompts: list[str], height: int, width: int, hidden: set[int] = frozenset()) -> FrameResult:
+    """The reference processor's postprocess_outputs: upsample, drop empty and hidden, boxes, non-overlap.
+
+    `hidden`: ids removed after this frame while its result was held back (the frame's own suppressed
+    and removed ids are in the output already)."""
     ids = sorted(output.masks)
     if not ids:
         return FrameResult.empty(output.frame_index, height, width)
     low = np.stack([output.masks[i] for i in ids])
     masks = upsample_masks(low, height, width)
-    hidden = objects.suppressed.get(output.frame_index, set()) | objects.hidden
+    hidden = output.suppressed | set(hidden)
     keep = masks.reshape(len(ids), -1).any(axis=1) & np.asarray([i not in hidden for i in ids])
     ids = [i for i, k in zip(ids, keep) if k]
     masks = masks[keep]
     scores = np.asarray([output.scores[i] for i in ids], np.float32)
     tracker = np.asarray([output.tracker_scores.get(i, 0.0) for i in ids], np.float32)
     boxes = masks_to_boxes(masks)
-    prompt_ids = [objects.prompt_of.get(i, -1) for i in ids]
+    prompt_ids = [output.prompts.get(i, -1) for i in ids]
     if len(ids) > 1:
         masks = objectwise_non_overlap(masks, tracker, prompt_ids)
     return FrameResult(output.frame_index, np.asarray(ids, np.int64), scores, boxes, masks,

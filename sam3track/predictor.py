@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import os
+import weakref
 from pathlib import Path
+
+import numpy as np
 
 from .backends import create_backend
 from .bundle import Bundle
 from .config import TrackerConfig
-from .errors import SessionClosedError
-from .session import Session
+from .errors import BundleError, SessionClosedError, VideoError
+from .session import Session, check_frame_size
 from .tokenizer import PromptTokenizer
 
 
@@ -16,7 +20,17 @@ class Predictor:
     def __init__(self, bundle: Bundle, backend, config: TrackerConfig):
         self.bundle, self.backend, self.config = bundle, backend, config
         self.tokenizer = PromptTokenizer(bundle.tokenizer_file, config.text_length, config.pad_token_id)
-        self.graphs = {name: backend.load(name, str(bundle.graph_path(name))) for name in bundle.manifest["graphs"]}
+        # One dict shared with every session's frame loop: close() empties it for all of them.
+        self.graphs = {}
+        try:
+            for name in bundle.manifest["graphs"]:
+                self.graphs[name] = backend.load(name, str(bundle.graph_path(name)))
+            bundle.check_graph_shapes(self.graphs)
+        except BaseException:
+            self.graphs.clear()
+            backend.close()
+            raise
+        self._sessions: weakref.WeakSet[Session] = weakref.WeakSet()
         self.closed = False
 
     @classmethod
@@ -24,6 +38,9 @@ class Predictor:
              threads: int | None = None, **config_overrides) -> "Predictor":
         """Open and check a bundle, then load its graphs. Keyword overrides change TrackerConfig fields,
         e.g. mask_nms=False, fill_holes=False to compare with transformers."""
+        if not isinstance(bundle_dir, (str, os.PathLike)):
+            raise BundleError(f"load() takes the path of a bundle directory, not {type(bundle_dir).__name__}; "
+                              "export one with python -m graphs.export")
         bundle = Bundle.open(Path(bundle_dir), verify=verify)
         config = TrackerConfig.from_manifest(bundle.manifest, **config_overrides)
         options = {"threads": threads} if threads else {}
@@ -34,15 +51,25 @@ class Predictor:
         None for a live stream fed through session.track(frame)."""
         if self.closed:
             raise SessionClosedError("this predictor is closed; load the bundle again")
+        from .video.reader import FrameSource
+
         owned = False
         if source is not None:
+            if not isinstance(source, (str, os.PathLike, np.ndarray, list, tuple, FrameSource)):
+                raise VideoError(f"start_session() takes a video file or image folder path, an array or list of RGB "
+                                 f"frames, a FrameSource, or None for a live stream; not {type(source).__name__}")
             from .video import open_source
-            from .video.reader import FrameSource
 
             owned = not isinstance(source, FrameSource)
             source = open_source(source)
-        session = Session(self, source)
-        session._owns_source = owned
+            try:
+                check_frame_size(source.height, source.width, f"the video {source.name}")
+            except VideoError:
+                if owned:
+                    source.close()
+                raise
+        session = Session(self, source, owns_source=owned)
+        self._sessions.add(session)
         return session
 
     @property
@@ -50,10 +77,14 @@ class Predictor:
         return self.backend.transfers
 
     def close(self) -> None:
-        if not self.closed:
-            self.graphs = {}  # drop the inference sessions with the backend
-            self.backend.close()
-            self.closed = True
+        """Close every session, then release the graphs and all device memory; idempotent."""
+        if self.closed:
+            return
+        self.closed = True
+        for session in list(self._sessions):
+            session.close()
+        self.graphs.clear()
+        self.backend.close()
 
     def __enter__(self):
         return self

@@ -7,12 +7,32 @@ from typing import Iterator
 
 import numpy as np
 
-from .errors import FrameIndexError, ObjectIdError, PromptError, SessionClosedError, VideoError
+from .errors import (ArgumentError, FrameIndexError, ObjectIdError, PromptError, SessionBusyError,
+                     SessionClosedError, VideoError)
 from .frame_loop import FrameLoop, FrameOutput
 from .memory_bank import MemoryBank
 from .objects import ObjectRegistry
 from .postprocess import build_result, to_pixel_values
 from .results import FrameResult
+
+DIRECTIONS = ("forward", "backward", "both")
+MIN_FRAME_SIDE = 16  # smaller frames carry nothing to track; refuse them rather than upsample noise
+SHOWN_PROMPT_CHARS = 60  # how much of a rejected prompt an error message repeats
+
+
+def _shown(text) -> str:
+    text = repr(text)
+    return text if len(text) <= SHOWN_PROMPT_CHARS else text[:SHOWN_PROMPT_CHARS - 5] + "...'"
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
+
+
+def check_frame_size(height: int, width: int, where: str) -> None:
+    if min(height, width) < MIN_FRAME_SIDE:
+        raise VideoError(f"{where} is {width}x{height} pixels; frames must be at least {MIN_FRAME_SIDE} pixels on "
+                         "each side")
 
 
 class FrameCache:
@@ -34,26 +54,27 @@ class FrameCache:
 
 
 class Session:
-    def __init__(self, predictor, source=None):
+    def __init__(self, predictor, source=None, owns_source: bool = False):
         self.predictor = predictor
         self.config = predictor.config
         self.backend = predictor.backend
         self.source = source  # a FrameSource, or None for a live stream
+        self._owns_source = owns_source
         # Results are held back hotstart_delay frames; the cache keeps the frames of results not yet
         # yielded, so a caller that draws on them (the CLI) never decodes a frame twice.
         cache_size = max(4, predictor.config.hotstart_delay + 2)
         self.frames = FrameCache(source, cache_size) if source is not None else None
         self.prompts: list[str] = []
+        self._prompt_frames: list[int] = []  # the frame each prompt was given on (propagate starts there)
         self._text_pool = None  # device [M, T, D]: each prompt encoded once per session
         self._text_mask = np.zeros((0, self.config.text_length), np.int64)
         self._text_mask_device = None
+        self._running = None  # the propagate() generator in progress, if any
+        self._held: list[FrameOutput] = []  # outputs held back by that generator
         self.closed = False
-        self._new_state()
-
-    def _new_state(self) -> None:
         self.objects = ObjectRegistry()
         self.bank = MemoryBank(self.backend, self.config)
-        self.loop = FrameLoop(self.backend, self.predictor.graphs, self.config, self.bank, self.objects)
+        self.loop = FrameLoop(self.backend, predictor.graphs, self.config, self.bank, self.objects)
         self.stream_index = 0
         self._stream_size: tuple[int, int] | None = None
 
@@ -65,21 +86,32 @@ class Session:
         self.close()
 
     def close(self) -> None:
+        """Free the session's device memory and its video; idempotent. A propagate() generator still
+        suspended raises SessionClosedError when resumed."""
         if self.closed:
             return
         self.closed = True
-        self.bank.clear()
+        self._held = []
+        self.bank.close()
+        for tensor in (self._text_pool, self._text_mask_device):
+            if tensor is not None and not self.backend.closed:
+                self.backend.free(tensor)
         self._text_pool = self._text_mask_device = None
         if self.frames is not None:
             self.frames.clear()
-        if self.source is not None and getattr(self, "_owns_source", False):
+        if self.source is not None and self._owns_source:
             self.source.close()
 
     def _check_open(self) -> None:
-        if self.closed:
-            raise SessionClosedError("this session is closed; start a new one with predictor.start_session()")
         if self.predictor.closed:
             raise SessionClosedError("the predictor of this session was closed; load the bundle again")
+        if self.closed:
+            raise SessionClosedError("this session is closed; start a new one with predictor.start_session()")
+
+    def _check_idle(self, what: str) -> None:
+        if self._running is not None:
+            raise SessionBusyError(f"{what} while a propagate() of this session is still running; iterate it to "
+                                   "the end or call .close() on it first")
 
     @property
     def num_frames(self) -> int | None:
@@ -95,17 +127,27 @@ class Session:
 
     # ------------------------------------------------------------------------------- prompts
     def add_prompt(self, frame_index: int = 0, text: str | None = None, points=None, boxes=None) -> int:
-        """Add a text prompt (detected on every frame, as in the reference); returns its prompt index."""
+        """Add a text prompt, found on every frame as in the reference; returns its prompt index.
+
+        `frame_index` is the frame the prompt is given on: `propagate()` without `start_frame`
+        starts at the earliest of them, as the reference does."""
         self._check_open()
         if points is not None or boxes is not None:
             raise PromptError("point and box prompts are not supported yet; give text=")
         if self.source is not None:
             self._check_frame(frame_index)
+        elif not _is_int(frame_index) or frame_index < 0:
+            raise FrameIndexError(f"frame index {frame_index!r} must be a whole number >= 0")
         if text is None:
             raise PromptError("add_prompt needs text=, e.g. session.add_prompt(frame_index=0, text='person')")
-        text = text.strip() if isinstance(text, str) else text
+        if not isinstance(text, str):
+            raise PromptError(f"prompt {_shown(text)} is a {type(text).__name__}; give the words as a str, "
+                              "e.g. text='red car'")
+        text = text.strip()
         if text in self.prompts:
-            return self.prompts.index(text)
+            m = self.prompts.index(text)
+            self._prompt_frames[m] = min(self._prompt_frames[m], int(frame_index))
+            return m
         ids, mask = self.predictor.tokenizer(text)
         b = self.backend
         features = b.run(self.predictor.graphs["text_encoder"], {"input_ids": b.upload(ids),
@@ -114,18 +156,23 @@ class Session:
         pool = b.empty((m + 1,) + tuple(features.shape[1:]), features.dtype)
         if m:
             b.copy(self._text_pool, b.rows(pool, 0, m))  # device to device
+            b.free(self._text_pool)
         b.copy(features, b.rows(pool, m, 1))
+        b.free(features)
         self._text_pool = pool
         self._text_mask = np.concatenate([self._text_mask, mask])
+        if self._text_mask_device is not None:
+            b.free(self._text_mask_device)
         self._text_mask_device = b.upload(self._text_mask)
         self.prompts.append(text)
+        self._prompt_frames.append(int(frame_index))
         return m
 
     # ---------------------------------------------------------------------------------- frames
-    def _check_frame(self, index: int) -> None:
+    def _check_frame(self, index, what: str = "frame index") -> None:
         n = self.num_frames
-        if not isinstance(index, (int, np.integer)) or not 0 <= index < n:
-            raise FrameIndexError(f"frame index {index} is out of range: the video has {n} frames (0..{n - 1})")
+        if not _is_int(index) or not 0 <= index < n:
+            raise FrameIndexError(f"{what} {index!r} is out of range: the video has {n} frames (0..{n - 1})")
 
     def _run_frame(self, index: int, rgb: np.ndarray, reverse: bool, streaming: bool, num_frames) -> FrameOutput:
         if not self.prompts:
@@ -133,31 +180,34 @@ class Session:
         features = self.loop.encode_frame(to_pixel_values(rgb, self.config))
         det = self.loop.detect(features, self._text_pool, self._text_mask_device, len(self.prompts))
         out = self.loop.step(features, det, index, reverse, streaming, num_frames)
-        self.bank.evict(index, reverse)
+        self.bank.evict(index, reverse, streaming)
         return out
 
-    def _result(self, out: FrameOutput, height: int, width: int) -> FrameResult:
-        return build_result(out, self.objects, self.prompts, height, width)
+    def _result(self, out: FrameOutput, height: int, width: int, hidden: set[int] = frozenset()) -> FrameResult:
+        return build_result(out, self.prompts, height, width, hidden)
 
     def propagate(self, direction: str = "forward", start_frame: int | None = None,
                   max_frames: int | None = None) -> Iterator[FrameResult]:
         """Track through the video, yielding one FrameResult per frame in processing order.
 
         Outputs are held back `hotstart_delay` frames (as the reference does) so that objects removed by
-        the hotstart heuristics are never shown. "backward" runs from start_frame down to 0, "both" runs
-        forward then backward from start_frame - 1 on the same state.
+        the hotstart heuristics are never shown. `start_frame` defaults to the earliest frame a prompt
+        was given on (the last frame for "backward"). "backward" runs from start_frame down to 0,
+        "both" runs forward then backward from start_frame - 1 on the same state. Arguments are checked
+        here, before the first frame is asked for.
         """
         self._check_open()
         if self.source is None:
             raise VideoError("this session has no video (live stream); feed frames with session.track(frame)")
-        if direction not in ("forward", "backward", "both"):
-            raise ValueError(f"direction must be 'forward', 'backward' or 'both', not {direction!r}")
+        if not isinstance(direction, str) or direction not in DIRECTIONS:
+            raise ArgumentError(f"direction must be one of {', '.join(map(repr, DIRECTIONS))}, not {_shown(direction)}")
         n = self.num_frames
         if start_frame is None:
-            start_frame = 0 if direction != "backward" else n - 1
-        self._check_frame(start_frame)
-        if max_frames is not None and max_frames < 1:
-            raise ValueError(f"max_frames must be >= 1, not {max_frames}")
+            first_prompted = min(self._prompt_frames, default=0)
+            start_frame = first_prompted if direction != "backward" else max(first_prompted, n - 1)
+        self._check_frame(start_frame, "start_frame")
+        if max_frames is not None and (not _is_int(max_frames) or max_frames < 1):
+            raise ArgumentError(f"max_frames must be a whole number >= 1 or None, not {_shown(max_frames)}")
         passes = []
         if direction in ("forward", "both"):
             stop = n if max_frames is None else min(n, start_frame + max_frames)
@@ -166,38 +216,46 @@ class Session:
             first = start_frame if direction == "backward" else start_frame - 1
             stop = -1 if max_frames is None else max(-1, first - max_frames)
             passes.append((range(first, stop, -1), True))
-        if direction == "both":
+        return self._propagate(passes, direction == "both", start_frame)
+
+    def _propagate(self, passes, both: bool, start_frame: int) -> Iterator[FrameResult]:
+        self._check_idle("propagate() was called again")
+        token = object()
+        self._running = token
+        if both:  # the backward pass reads what the forward pass wrote next to start_frame
             cfg = self.config
             reach = max(cfg.num_maskmem, cfg.max_object_pointers_in_encoder)
             self.bank.pinned_frames |= set(range(start_frame, start_frame + reach))
-            self.bank.keep_conditioning = True
         try:
             for order, reverse in passes:
                 yield from self._propagate_pass(order, reverse)
         finally:
-            self.bank.pinned_frames.clear()
-            self.bank.keep_conditioning = False
+            if self._running is token:
+                self._running = None
+                self._held = []
+                self.bank.pinned_frames.clear()
 
     def _propagate_pass(self, order: range, reverse: bool) -> Iterator[FrameResult]:
         delay = self.config.hotstart_delay
-        buffer: list[FrameOutput] = []
         h, w = self.source.height, self.source.width
         last = order[-1] if len(order) else None
+        self._held = []
         for index in order:
+            self._check_open()
             out = self._run_frame(index, self.frames.get(index), reverse, streaming=False, num_frames=self.num_frames)
-            self.objects.hidden |= out.removed
-            if delay <= 0:
-                yield self._result(out, h, w)
-                continue
-            buffer.append(out)
+            self._held.append(out)
+            # objects removed now are hidden in the results still held back, as the reference does
+            for earlier in self._held[:-1]:
+                earlier.suppressed |= out.removed
             if index == last:
-                ready, buffer = buffer, []
-            elif len(buffer) >= delay:
-                ready, buffer = buffer[:1], buffer[1:]
+                ready, self._held = self._held, []
+            elif len(self._held) >= max(delay, 1):  # the reference's rule (delay 0 or 1: no hold-back)
+                ready, self._held = self._held[:1], self._held[1:]
             else:
                 ready = []
             for item in ready:
                 yield self._result(item, h, w)
+                self._check_open()
 
     def track(self, frame: np.ndarray) -> FrameResult:
         """Streaming: one RGB frame in, its result out, immediately.
@@ -206,9 +264,13 @@ class Session:
         so objects the offline run would remove within `hotstart_delay` frames can appear here.
         """
         self._check_open()
+        self._check_idle("track() was called")
+        if self.source is not None:
+            raise VideoError("track() feeds a live stream; this session reads a video: use session.propagate()")
         frame = np.asarray(frame)
         if frame.ndim != 3 or frame.shape[2] != 3 or frame.dtype != np.uint8:
             raise VideoError(f"track() takes one RGB uint8 frame of shape (H, W, 3); got {frame.dtype} {frame.shape}")
+        check_frame_size(frame.shape[0], frame.shape[1], f"frame {self.stream_index} of the stream")
         if self._stream_size is None:
             self._stream_size = frame.shape[:2]
         elif frame.shape[:2] != self._stream_size:
@@ -217,26 +279,33 @@ class Session:
         index = self.stream_index
         out = self._run_frame(index, frame, reverse=False, streaming=True, num_frames=index + 1)
         self.stream_index += 1
-        self.objects.hidden |= out.removed
         return self._result(out, *frame.shape[:2])
 
     # ------------------------------------------------------------------------------- objects
     @property
     def object_ids(self) -> list[int]:
-        return list(self.objects.obj_ids)
+        return self.objects.obj_ids
 
     def remove_object(self, obj_id: int) -> None:
+        """Stop tracking an object; its id is never reused. Allowed between frames of a propagate()."""
         self._check_open()
-        if obj_id not in self.objects.obj_ids:
-            raise ObjectIdError(f"object {obj_id} is not tracked in this session (tracked: {self.objects.obj_ids})")
-        self.objects.forget(obj_id)
+        if obj_id not in self.objects:
+            raise ObjectIdError(f"object {_shown(obj_id)} is not tracked in this session "
+                                f"(tracked: {self.objects.obj_ids})")
+        self.objects.drop(obj_id)
         self.bank.remove_object(obj_id)
+        for out in self._held:
+            out.suppressed.add(obj_id)
 
     def reset(self) -> None:
         """Forget every object and memory; prompts and the video stay."""
         self._check_open()
+        self._check_idle("reset() was called")
         self.bank.clear()
-        self._new_state()
+        self.objects = ObjectRegistry()
+        self.loop.objects = self.objects
+        self.stream_index = 0
+        self._stream_size = None
 
     def memory_usage(self) -> dict[str, int]:
         return {"memory_rows": self.bank.memories.used, "pointer_rows": self.bank.pointers.used,

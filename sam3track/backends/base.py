@@ -47,6 +47,7 @@ class Graph(ABC):
     name: str
     input_names: tuple[str, ...]
     output_names: tuple[str, ...]
+    shapes: dict[str, tuple[int | None, ...]]  # tensor name -> fixed sizes (None where the axis is dynamic)
 
 
 class Backend(ABC):
@@ -77,11 +78,32 @@ class Backend(ABC):
 
     @abstractmethod
     def empty(self, shape: tuple[int, ...], dtype) -> DeviceTensor:
-        """Allocate an uninitialised device tensor (pools, preallocated outputs)."""
+        """Allocate an uninitialised device tensor (scratch outputs a graph fills completely)."""
+
+    @abstractmethod
+    def zeros(self, shape: tuple[int, ...], dtype) -> DeviceTensor:
+        """Allocate a zero-filled device tensor (pools: unwritten rows must never hold garbage)."""
+
+    @abstractmethod
+    def free(self, tensor: DeviceTensor) -> None:
+        """Release a tensor's memory now; any later use of it, or of a view of it, is an error."""
+
+    @property
+    @abstractmethod
+    def live_allocations(self) -> int:
+        """Device allocations not yet released (tests count them to find leaks)."""
 
     @abstractmethod
     def rows(self, tensor: DeviceTensor, start: int, count: int) -> DeviceTensor:
         """A view of rows [start, start + count) of a contiguous tensor, sharing its memory."""
+
+    def reshape(self, tensor: DeviceTensor, shape: tuple[int, ...]) -> DeviceTensor:
+        """The same contiguous memory seen with another shape of equal size (no copy)."""
+        if int(np.prod(shape, dtype=np.int64)) != int(np.prod(tensor.shape, dtype=np.int64)):
+            from ..errors import BackendError
+
+            raise BackendError(f"internal error: cannot view {tensor.shape} as {shape}; please report this")
+        return DeviceTensor(tuple(shape), tensor.dtype, tensor.handle)
 
     @abstractmethod
     def copy(self, src: DeviceTensor, dst: DeviceTensor) -> None:
@@ -89,7 +111,8 @@ class Backend(ABC):
 
     @abstractmethod
     def to_host(self, tensor: DeviceTensor, rows: np.ndarray | None = None) -> np.ndarray:
-        """Copy a tensor, or only the given rows of it, to a new host array."""
+        """Copy a tensor, or only the given rows of it (one copy for all of them), to a new host array
+        the caller owns: it never aliases device or backend memory."""
 
     @abstractmethod
     def run(self, graph: Graph, inputs: dict[str, DeviceTensor],
@@ -99,4 +122,4 @@ class Backend(ABC):
 
     @abstractmethod
     def close(self) -> None:
-        """Release every graph and buffer; idempotent."""
+        """Release every graph and buffer; idempotent. Every later call is a BackendClosedError."""

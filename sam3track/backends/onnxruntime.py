@@ -7,10 +7,11 @@ into the memory bank's pools and reads them back without any copy.
 from __future__ import annotations
 
 import time
+import weakref
 
 import numpy as np
 
-from ..errors import BundleError, Sam3TrackError
+from ..errors import BackendError, BundleError, Sam3TrackError
 from .base import Backend, DeviceTensor, Graph
 
 _DEVICES = {"cpu": ("CPUExecutionProvider", "cpu"), "cuda": ("CUDAExecutionProvider", "cuda")}
@@ -22,14 +23,20 @@ class OrtGraph(Graph):
         self.session = session
         self.input_names = tuple(i.name for i in session.get_inputs())
         self.output_names = tuple(o.name for o in session.get_outputs())
+        self.shapes = {t.name: tuple(d if isinstance(d, int) else None for d in t.shape)
+                       for t in list(session.get_inputs()) + list(session.get_outputs())}
 
 
 class _Storage:
-    """A device allocation; views keep it alive through this object."""
+    """A device allocation; views keep it alive through this object until the backend frees it."""
 
     def __init__(self, ortvalue):
         self.ortvalue = ortvalue
         self.ptr = ortvalue.data_ptr()
+
+    @property
+    def freed(self) -> bool:
+        return self.ortvalue is None
 
 
 class OnnxRuntimeBackend(Backend):
@@ -55,11 +62,17 @@ class OnnxRuntimeBackend(Backend):
         if threads:
             self._options.intra_op_num_threads = threads
         self._graphs: list[OrtGraph] = []
-        self._copy_sessions: dict[str, object] = {}
+        self._copy_sessions: dict[tuple, object] = {}
+        self._storages: weakref.WeakSet[_Storage] = weakref.WeakSet()  # every allocation not yet collected
         self.closed = False
 
     # ----------------------------------------------------------------------------------- graphs
+    def _check_open(self) -> None:
+        if self.closed:
+            raise BackendError("the onnxruntime backend was closed (predictor.close()); load the bundle again")
+
     def load(self, name: str, path: str) -> OrtGraph:
+        self._check_open()
         try:
             session = self._ort.InferenceSession(path, sess_options=self._options, providers=self._providers)
         except Exception as exc:
@@ -71,9 +84,20 @@ class OnnxRuntimeBackend(Backend):
     # ---------------------------------------------------------------------------------- tensors
     def _wrap(self, ortvalue) -> DeviceTensor:
         dtype = np.dtype(_ORT_TO_NUMPY[ortvalue.data_type()])
-        return DeviceTensor(tuple(ortvalue.shape()), dtype, (_Storage(ortvalue), 0))
+        storage = _Storage(ortvalue)
+        self._storages.add(storage)
+        return DeviceTensor(tuple(ortvalue.shape()), dtype, (storage, 0))
+
+    @property
+    def live_allocations(self) -> int:
+        return sum(1 for s in list(self._storages) if not s.freed)
+
+    def free(self, tensor: DeviceTensor) -> None:
+        storage, _ = tensor.handle
+        storage.ortvalue = None  # ONNX Runtime releases the buffer with its last reference
 
     def upload(self, array: np.ndarray) -> DeviceTensor:
+        self._check_open()
         array = np.ascontiguousarray(array)
         ov = self._ort.OrtValue.ortvalue_from_shape_and_type(array.shape, array.dtype, self.device_type,
                                                              self.device_id)
@@ -82,15 +106,22 @@ class OnnxRuntimeBackend(Backend):
         return self._wrap(ov)
 
     def empty(self, shape, dtype) -> DeviceTensor:
+        self._check_open()
         ov = self._ort.OrtValue.ortvalue_from_shape_and_type(list(shape), np.dtype(dtype), self.device_type,
                                                              self.device_id)
+        return self._wrap(ov)
+
+    def zeros(self, shape, dtype) -> DeviceTensor:
+        self._check_open()
+        ov = self._ort.OrtValue.ortvalue_from_numpy(np.zeros(shape, dtype), self.device_type, self.device_id)
         return self._wrap(ov)
 
     def rows(self, tensor: DeviceTensor, start: int, count: int) -> DeviceTensor:
         storage, offset = tensor.handle
         row_bytes = tensor.nbytes // max(tensor.shape[0], 1)
         if start < 0 or start + count > tensor.shape[0]:
-            raise IndexError(f"rows {start}..{start + count} outside a tensor of {tensor.shape[0]} rows")
+            raise BackendError(f"internal error: rows {start}..{start + count} outside a tensor of "
+                               f"{tensor.shape[0]} rows; please report this")
         return DeviceTensor((count,) + tuple(tensor.shape[1:]), tensor.dtype, (storage, offset + start * row_bytes))
 
     def _is_whole(self, tensor: DeviceTensor) -> bool:
@@ -98,20 +129,26 @@ class OnnxRuntimeBackend(Backend):
         return offset == 0 and tuple(storage.ortvalue.shape()) == tuple(tensor.shape)
 
     def to_host(self, tensor: DeviceTensor, rows: np.ndarray | None = None) -> np.ndarray:
-        if rows is not None:
-            rows = np.asarray(rows, dtype=np.int64)
-            out = np.empty((len(rows),) + tuple(tensor.shape[1:]), tensor.dtype)
-            for i, r in enumerate(rows):  # one copy per selected row: never the whole tensor
-                out[i] = self._copy_out(self.rows(tensor, int(r), 1))[0]
+        self._check_open()
+        if rows is None:
+            out = np.empty(tensor.shape, tensor.dtype)
+            self._count("to_host", tensor.shape, out.nbytes)
+            if self._is_whole(tensor) and self.device_type == "cpu":
+                np.copyto(out, self._storage(tensor).ortvalue.numpy())  # a copy: the output buffer is ORT's
+            else:
+                self._run_copy(tensor, self._host_tensor(out))
             return out
-        return self._copy_out(tensor)
-
-    def _copy_out(self, tensor: DeviceTensor) -> np.ndarray:
-        self._count("to_host", tensor.shape, tensor.nbytes)
-        if self._is_whole(tensor):
-            return tensor.handle[0].ortvalue.numpy()
-        out = np.empty(tensor.shape, tensor.dtype)
-        self._run_copy(tensor, self._host_tensor(out))
+        # Only the selected rows leave the device, in one Gather run (never the whole tensor).
+        rows = np.asarray(rows, dtype=np.int64).reshape(-1)
+        out = np.empty((rows.size,) + tuple(tensor.shape[1:]), tensor.dtype)
+        self._count("to_host", out.shape, out.nbytes)
+        if rows.size:
+            session = self._helper_session("gather", tensor.dtype)
+            io = session.io_binding()
+            self._bind(io, "x", tensor, output=False)
+            io.bind_cpu_input("index", rows)
+            self._bind(io, "y", self._host_tensor(out), output=True)
+            session.run_with_iobinding(io)
         return out
 
     def _host_tensor(self, array: np.ndarray) -> DeviceTensor:
@@ -119,32 +156,50 @@ class OnnxRuntimeBackend(Backend):
         return DeviceTensor(array.shape, array.dtype, (_Storage(ov), 0))
 
     def copy(self, src: DeviceTensor, dst: DeviceTensor) -> None:
+        self._check_open()
         if tuple(src.shape) != tuple(dst.shape) or src.dtype != dst.dtype:
-            raise ValueError(f"copy between {src.shape} {src.dtype} and {dst.shape} {dst.dtype}")
+            raise BackendError(f"internal error: copy between {src.shape} {src.dtype} and {dst.shape} {dst.dtype}; "
+                               "please report this")
         self._run_copy(src, dst)
 
     def _run_copy(self, src: DeviceTensor, dst: DeviceTensor) -> None:
-        """Copy with an Identity graph: works for any device ORT runs on, views included."""
-        key = np.dtype(src.dtype).name
-        if key not in self._copy_sessions:
-            from onnx import helper
-
-            elem = helper.np_dtype_to_tensor_dtype(np.dtype(src.dtype))
-            g = helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "copy",
-                                  [helper.make_tensor_value_info("x", elem, None)],
-                                  [helper.make_tensor_value_info("y", elem, None)])
-            model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
-            model.ir_version = 9
-            self._copy_sessions[key] = self._ort.InferenceSession(model.SerializeToString(),
-                                                                  providers=self._providers)
-        session = self._copy_sessions[key]
+        session = self._helper_session("copy", src.dtype)
         io = session.io_binding()
         self._bind(io, "x", src, output=False)
         self._bind(io, "y", dst, output=True)
         session.run_with_iobinding(io)
 
+    def _helper_session(self, kind: str, dtype):
+        """One-node graphs that move data on any device ORT runs on, views included: Identity copies,
+        Gather picks rows."""
+        key = (kind, np.dtype(dtype).name)
+        if key not in self._copy_sessions:
+            from onnx import TensorProto, helper
+
+            elem = helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
+            inputs = [helper.make_tensor_value_info("x", elem, None)]
+            if kind == "gather":
+                node = helper.make_node("Gather", ["x", "index"], ["y"], axis=0)
+                inputs.append(helper.make_tensor_value_info("index", TensorProto.INT64, [None]))
+            else:
+                node = helper.make_node("Identity", ["x"], ["y"])
+            g = helper.make_graph([node], kind, inputs, [helper.make_tensor_value_info("y", elem, None)])
+            model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+            model.ir_version = 9
+            self._copy_sessions[key] = self._ort.InferenceSession(model.SerializeToString(),
+                                                                  providers=self._providers)
+        return self._copy_sessions[key]
+
+    @staticmethod
+    def _storage(tensor: DeviceTensor) -> _Storage:
+        storage = tensor.handle[0]
+        if storage.freed:
+            raise BackendError(f"internal error: a device tensor {tensor.shape} was used after it was freed "
+                               "(a pool view taken before the pool grew?); please report this")
+        return storage
+
     def _bind(self, io, name: str, tensor: DeviceTensor, output: bool) -> None:
-        storage, offset = tensor.handle
+        storage, offset = self._storage(tensor), tensor.handle[1]
         device = storage.ortvalue.device_name().lower()
         args = (name, "cuda" if "cuda" in device else "cpu", self.device_id if "cuda" in device else 0,
                 np.dtype(tensor.dtype), list(tensor.shape), storage.ptr + offset)
@@ -157,6 +212,7 @@ class OnnxRuntimeBackend(Backend):
 
     # ------------------------------------------------------------------------------------- run
     def run(self, graph: OrtGraph, inputs, outputs=None):
+        self._check_open()
         outputs = outputs or {}
         self.calls[graph.name] += 1
         io = graph.session.io_binding()  # a fresh binding per run: nothing aliases a previous result
@@ -178,8 +234,12 @@ class OnnxRuntimeBackend(Backend):
         return result
 
     def close(self) -> None:
+        for graph in self._graphs:
+            graph.session = None  # the InferenceSession goes with its last reference
         self._graphs.clear()
         self._copy_sessions.clear()
+        for storage in list(self._storages):
+            storage.ortvalue = None
         self.closed = True
 
 
