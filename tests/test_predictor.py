@@ -216,7 +216,7 @@ def test_bad_session_inputs_leave_the_session_usable(predictor, frames):
         with pytest.raises(sam3track.FrameIndexError, match="frame index 99 is out of range"):
             s.add_prompt(frame_index=99, text="bike")
         s.add_prompt(text="bike")
-        with pytest.raises(sam3track.FrameIndexError, match="frame index -1"):
+        with pytest.raises(sam3track.FrameIndexError, match="start_frame -1 is out of range"):
             list(s.propagate(start_frame=-1))
         with pytest.raises(sam3track.ObjectIdError, match="object 12345"):
             s.remove_object(12345)
