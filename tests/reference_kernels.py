@@ -297,8 +297,9 @@ class ReferenceCvUtils:
     """Quacks like the module ``get_kernel("kernels-community/cv-utils", version=1)`` returns.
 
     ``calls`` counts calls per attribute name; ``log`` keeps, per call, the name and the argument
-    shapes/dtypes/devices (and NMS threshold); ``errors`` keeps every exception raised (transformers
-    swallows them and silently skips the post-processing, so tests must check it stays empty).
+    shapes/dtypes/devices (for NMS also the threshold and the number of kept indices); ``errors``
+    keeps every exception raised (transformers swallows them and silently skips the
+    post-processing, so tests must check it stays empty).
     """
 
     def __init__(self) -> None:
@@ -318,10 +319,12 @@ class ReferenceCvUtils:
             "use_iou_matrix": use_iou_matrix,
         })
         try:
-            return generic_nms_reference(dets, scores, iou_threshold, use_iou_matrix)
+            kept = generic_nms_reference(dets, scores, iou_threshold, use_iou_matrix)
         except Exception as e:  # recorded, then re-raised into transformers' try/except
             self.errors.append(e)
             raise
+        self.log[-1]["kept"] = int(kept.numel())
+        return kept
 
     def cc_2d(self, inputs: torch.Tensor, get_counts: bool) -> list[torch.Tensor]:
         self.calls["cc_2d"] += 1
