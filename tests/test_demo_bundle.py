@@ -125,3 +125,14 @@ def test_demo_runs_without_torch_and_finds_objects(tmp_path):
     lines = dict(line.split(" ", 1) for line in proc.stdout.splitlines() if line.startswith(("objects", "imported")))
     assert lines["imported"] == "[]"
     assert int(lines["objects"]) > 0
+
+
+def test_info_describes_the_shipped_bundle_and_only_existing_backends(capsys):
+    from sam3track.cli import main
+
+    assert main(["info", str(SHIPPED)]) == 0
+    out = capsys.readouterr().out
+    assert "RANDOM weights" in out and "MISSING" not in out
+    backends = out.split("\nbackends\n", 1)[1].splitlines()
+    assert backends and all(line.strip().startswith("onnxruntime") for line in backends), backends
+    assert "om/" not in out
