@@ -2,6 +2,7 @@
 
     python -m graphs.export --checkpoint DIR --out BUNDLE [--fp16 GRAPH ...]
     python -m graphs.export --tiny [--seed N] --out BUNDLE
+    python -m graphs.export --demo --out sam3track/demo_bundle --overwrite   # the shipped demo bundle
 
 The bundle is built in a temporary sibling directory and renamed into place only when complete, so an
 interrupted or failed export never leaves something that looks like a bundle.
@@ -196,9 +197,23 @@ def _write_tokenizer(checkpoint: Path, out_dir: Path, text_length: int) -> dict:
     }
 
 
+def _recorded_checkpoint(checkpoint: Path, tiny_seed: int | None, keep_source: bool) -> str | None:
+    """What the manifest's source.checkpoint says: a path, relative for a seeded model kept in the bundle,
+    or None when the seeded model was left out (graphs.check rebuilds it from tiny_seed and tiny_preset)."""
+    if tiny_seed is None:
+        return str(Path(checkpoint).absolute())
+    return "source" if keep_source else None
+
+
 def export_bundle(checkpoint: Path, out: Path, fp16: tuple[str, ...] = (), overwrite: bool = False,
-                  tiny_seed: int | None = None, log=print) -> Path:
-    """Build the bundle for `checkpoint` (or a fresh tiny checkpoint when tiny_seed is set) at `out`."""
+                  tiny_seed: int | None = None, log=print, tiny_preset: str = "tiny",
+                  keep_source: bool = True) -> Path:
+    """Build the bundle for `checkpoint` (or a fresh small checkpoint when tiny_seed is set) at `out`.
+
+    ``tiny_preset`` names the small model (graphs.tiny.PRESETS). ``keep_source=False`` leaves the
+    seeded checkpoint out of the bundle (the shipped demo bundle: the runtime never reads it, and
+    graphs.check rebuilds it from the seed and preset the manifest records).
+    """
     import onnx
     import torch
     import transformers
@@ -213,6 +228,11 @@ def export_bundle(checkpoint: Path, out: Path, fp16: tuple[str, ...] = (), overw
         raise ExportError(f"--fp16 names unknown graphs {unknown}; choose from {', '.join(GRAPHS)}")
     if checkpoint is not None:
         validate_checkpoint(checkpoint)  # fail fast, before creating anything
+    if tiny_seed is not None:
+        from .tiny import PRESETS
+
+        if tiny_preset not in PRESETS:
+            raise ExportError(f"unknown small-model preset {tiny_preset!r}; choose from {', '.join(PRESETS)}")
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
         staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=out.parent))
@@ -221,10 +241,11 @@ def export_bundle(checkpoint: Path, out: Path, fp16: tuple[str, ...] = (), overw
     try:
         started = time.perf_counter()
         if tiny_seed is not None:
-            from .tiny import write_tiny_checkpoint
+            from .tiny import PRESETS, write_tiny_checkpoint
 
-            checkpoint = write_tiny_checkpoint(staging / "source", seed=tiny_seed)
-            log(f"wrote tiny checkpoint (seed {tiny_seed}) to {out / 'source'}")
+            checkpoint = write_tiny_checkpoint(staging / "source", seed=tiny_seed, preset=PRESETS[tiny_preset])
+            log(f"wrote {tiny_preset} checkpoint (seed {tiny_seed}) to {out / 'source'}"
+                + ("" if keep_source else " (left out of the finished bundle)"))
         model = load_model(checkpoint)
         dims = specs.Dims.from_model(model)
         graphs = {}
@@ -241,9 +262,10 @@ def export_bundle(checkpoint: Path, out: Path, fp16: tuple[str, ...] = (), overw
             "config": _model_config(model, dims),
             "tokenizer": _write_tokenizer(Path(checkpoint), staging, dims.text_length),
             "source": {
-                "checkpoint": "source" if tiny_seed is not None else str(Path(checkpoint).absolute()),
+                "checkpoint": _recorded_checkpoint(checkpoint, tiny_seed, keep_source),
                 "model_type": model.config.model_type,
                 "tiny_seed": tiny_seed,
+                "tiny_preset": tiny_preset if tiny_seed is not None else None,
                 "weights_sha256": weights_sha256(checkpoint),
                 "parameters": sum(p.numel() for p in model.parameters()),
             },
@@ -253,6 +275,8 @@ def export_bundle(checkpoint: Path, out: Path, fp16: tuple[str, ...] = (), overw
             },
         }
         (staging / "manifest.json").write_text(json.dumps(manifest, indent=2))
+        if not keep_source:
+            shutil.rmtree(staging / "source", ignore_errors=True)
         umask = os.umask(0)
         os.umask(umask)
         os.chmod(staging, 0o777 & ~umask)  # mkdtemp creates it private; a bundle is an ordinary directory
@@ -277,8 +301,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m graphs.export", description=__doc__.split("\n\n")[0])
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--checkpoint", type=Path, help="local Hugging Face snapshot of facebook/sam3")
-    source.add_argument("--tiny", action="store_true", help="a small deterministic seeded model (tests, demo)")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the --tiny weights")
+    source.add_argument("--tiny", action="store_true", help="the small deterministic seeded test model")
+    source.add_argument("--demo", action="store_true",
+                        help="the smaller seeded model of the shipped demo bundle, without its checkpoint "
+                             "(regenerate it with --out sam3track/demo_bundle --overwrite)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the --tiny or --demo weights")
     parser.add_argument("--out", type=Path, required=True, help="bundle directory to create")
     parser.add_argument("--fp16", nargs="+", default=[], metavar="GRAPH",
                         help=f"graphs to store in fp16 ({', '.join(GRAPHS)} or 'all'; 'all' keeps the text "
@@ -290,7 +317,8 @@ def main(argv: list[str] | None = None) -> int:
         fp16 += ("text_encoder",)
     try:
         export_bundle(args.checkpoint, args.out, fp16=fp16, overwrite=args.overwrite,
-                      tiny_seed=args.seed if args.tiny else None)
+                      tiny_seed=args.seed if (args.tiny or args.demo) else None,
+                      tiny_preset="demo" if args.demo else "tiny", keep_source=not args.demo)
     except (CheckpointError, ExportError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -1,23 +1,30 @@
-"""A deterministic, small SAM 3 video checkpoint for tests and the demo bundle.
+"""Deterministic, small SAM 3 video checkpoints: the test model and the (smaller) shipped demo model.
 
 The default init (std 0.02) gives activations ~1e-3 and near-constant detection scores, which makes
 parity checks weak and demo masks empty. We redraw every weight of rank >= 2 as N(0, 1/fan_in) so
 activations stay O(1) and scores depend on the image. The result is saved as an ordinary Hugging Face
 checkpoint directory (config, safetensors, tokenizer, preprocessor config), so the exporter loads it
 exactly like a real ``facebook/sam3`` snapshot.
+
+Two presets share everything but their widths and depths:
+- ``tiny`` (``--tiny``): the test model. The parity tests and their tolerances were tuned on it, so
+  its sizes must not change.
+- ``demo`` (``--demo``): the model of the bundle shipped in ``sam3track/demo_bundle/``. Every weight
+  matrix scales with the square of the FPN / tracker width, so halving that width and keeping one layer
+  where the code allows it makes the six graphs about four times smaller, small enough to ship.
 """
 
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 IMAGE_SIZE = 112  # a multiple of the 14 px patch: an 8 x 8 token grid
 PATCH = 14
-HIDDEN = 128  # FPN / DETR / tracker width
-SCORE_GAIN = 12.0  # changing the tiny weights or config? bump sam3track.demo.DEMO_BUNDLE_NAME
+SCORE_GAIN = 12.0  # changing the demo preset's weights? regenerate sam3track/demo_bundle (see demo.py)
 PRESENCE_LOGIT = 4.0
 # Words the tiny BPE merges whole, so common prompts are a few tokens like with the real CLIP vocab.
 _WORDS = (
@@ -26,44 +33,75 @@ _WORDS = (
 ).split()
 
 
-def tiny_config():
+
+
+@dataclass(frozen=True)
+class TinyPreset:
+    """Widths and depths of a small model; the rest of the config is the same for every preset."""
+
+    name: str
+    hidden: int  # FPN / DETR / tracker width
+    feed_forward: int  # DETR, tracker mask decoder and memory attention MLP width
+    vit_hidden: int
+    vit_layers: int  # the last layer is the global-attention one
+    text_hidden: int
+    text_layers: int
+    detr_layers: int  # encoder and decoder each
+    memory_attention_layers: int
+    # Bias of the tracker's "object present" logit, or None to keep the random draw. At the demo's width
+    # the random draw says "absent" for every tracked object, so each object vanished one frame after
+    # its birth and the detector made a new one; a trained tracker is confident while the object is seen.
+    tracker_object_logit: float | None = None
+
+
+TINY = TinyPreset("tiny", hidden=128, feed_forward=256, vit_hidden=64, vit_layers=2, text_hidden=64,
+                  text_layers=2, detr_layers=2, memory_attention_layers=2)
+DEMO = TinyPreset("demo", hidden=64, feed_forward=128, vit_hidden=32, vit_layers=2, text_hidden=32,
+                  text_layers=1, detr_layers=1, memory_attention_layers=1, tracker_object_logit=2.0)
+PRESETS = {p.name: p for p in (TINY, DEMO)}
+
+
+def tiny_config(preset: TinyPreset = TINY):
     from transformers import Sam3VideoConfig
 
+    hidden, ffn = preset.hidden, preset.feed_forward
     grid = IMAGE_SIZE // PATCH
     sizes = [[4 * grid, 4 * grid], [2 * grid, 2 * grid], [grid, grid]]
     cfg = Sam3VideoConfig()
     det, trk = cfg.detector_config, cfg.tracker_config
 
     vit = det.vision_config.backbone_config
-    vit.hidden_size, vit.intermediate_size, vit.num_hidden_layers, vit.num_attention_heads = 64, 128, 2, 2
-    vit.window_size, vit.global_attn_indexes, vit.pretrain_image_size = 4, [1], IMAGE_SIZE
+    vit.hidden_size, vit.intermediate_size = preset.vit_hidden, 2 * preset.vit_hidden
+    vit.num_hidden_layers, vit.num_attention_heads = preset.vit_layers, 2
+    vit.window_size, vit.global_attn_indexes, vit.pretrain_image_size = 4, [preset.vit_layers - 1], IMAGE_SIZE
     for vision in (det.vision_config, trk.vision_config):
-        vision.fpn_hidden_size = HIDDEN
+        vision.fpn_hidden_size = hidden
         vision.backbone_feature_sizes = sizes
 
     txt = det.text_config
-    txt.hidden_size, txt.intermediate_size, txt.num_hidden_layers, txt.num_attention_heads = 64, 128, 2, 2
-    txt.projection_dim = 64
+    txt.hidden_size, txt.intermediate_size = preset.text_hidden, 2 * preset.text_hidden
+    txt.num_hidden_layers, txt.num_attention_heads = preset.text_layers, 2
+    txt.projection_dim = preset.text_hidden
 
     for sub in (det.geometry_encoder_config, det.detr_encoder_config, det.detr_decoder_config):
-        sub.hidden_size, sub.num_attention_heads, sub.intermediate_size = HIDDEN, 4, 256
+        sub.hidden_size, sub.num_attention_heads, sub.intermediate_size = hidden, 4, ffn
     det.geometry_encoder_config.num_layers = 1
-    det.detr_encoder_config.num_layers = 2
-    det.detr_decoder_config.num_layers = 2
+    det.detr_encoder_config.num_layers = preset.detr_layers
+    det.detr_decoder_config.num_layers = preset.detr_layers
     det.detr_decoder_config.num_queries = 16
-    det.mask_decoder_config.hidden_size, det.mask_decoder_config.num_attention_heads = HIDDEN, 4
+    det.mask_decoder_config.hidden_size, det.mask_decoder_config.num_attention_heads = hidden, 4
 
-    trk.prompt_encoder_config.hidden_size = HIDDEN
+    trk.prompt_encoder_config.hidden_size = hidden
     md = trk.mask_decoder_config
-    md.hidden_size, md.mlp_dim, md.num_attention_heads, md.iou_head_hidden_dim = HIDDEN, 256, 4, HIDDEN
-    trk.memory_attention_hidden_size = HIDDEN
-    trk.memory_attention_num_layers = 2
-    trk.memory_attention_feed_forward_hidden_size = 256
+    md.hidden_size, md.mlp_dim, md.num_attention_heads, md.iou_head_hidden_dim = hidden, ffn, 4, hidden
+    trk.memory_attention_hidden_size = hidden
+    trk.memory_attention_num_layers = preset.memory_attention_layers
+    trk.memory_attention_feed_forward_hidden_size = ffn
     trk.memory_attention_rope_feat_sizes = [grid, grid]
-    trk.memory_encoder_hidden_size = HIDDEN
-    trk.mask_downsampler_embed_dim = HIDDEN
-    trk.memory_fuser_embed_dim = HIDDEN
-    trk.memory_fuser_intermediate_dim = 256
+    trk.memory_encoder_hidden_size = hidden
+    trk.mask_downsampler_embed_dim = hidden
+    trk.memory_fuser_embed_dim = hidden
+    trk.memory_fuser_intermediate_dim = ffn
     # memory_encoder_output_channels stays 64: the cross-attention's kv_in_dim is hard-coded to 64.
 
     cfg.image_size = IMAGE_SIZE  # propagates to detector, tracker and prompt encoder
@@ -103,7 +141,7 @@ def tiny_tokenizer(vocab_size_hint: int | None = None):
 
 
 @torch.no_grad()
-def _rescale_weights(model: torch.nn.Module, seed: int) -> None:
+def _rescale_weights(model: torch.nn.Module, seed: int, preset: TinyPreset) -> None:
     gen = torch.Generator().manual_seed(seed)
     for name, param in sorted(model.named_parameters()):
         if param.dim() >= 2:
@@ -116,21 +154,23 @@ def _rescale_weights(model: torch.nn.Module, seed: int) -> None:
     scoring = model.detector_model.dot_product_scoring
     scoring.query_proj.weight.mul_(SCORE_GAIN)
     model.detector_model.detr_decoder.presence_head.layer3.bias.fill_(PRESENCE_LOGIT)
+    if preset.tracker_object_logit is not None:
+        model.tracker_model.mask_decoder.pred_obj_score_head.proj_out.bias.fill_(preset.tracker_object_logit)
 
 
-def write_tiny_checkpoint(out_dir: Path, seed: int = 0) -> Path:
-    """Save the tiny seeded model as a Hugging Face checkpoint directory and return it."""
+def write_tiny_checkpoint(out_dir: Path, seed: int = 0, preset: TinyPreset = TINY) -> Path:
+    """Save the small seeded model of ``preset`` as a Hugging Face checkpoint directory and return it."""
     from transformers import Sam3VideoModel
 
     tokenizer = tiny_tokenizer()
-    cfg = tiny_config()
+    cfg = tiny_config(preset)
     cfg.detector_config.text_config.vocab_size = len(tokenizer)
     cfg.detector_config.text_config.eos_token_id = tokenizer.eos_token_id
     cfg.detector_config.text_config.bos_token_id = tokenizer.bos_token_id
     cfg.detector_config.text_config.pad_token_id = tokenizer.pad_token_id
     torch.manual_seed(seed)
     model = Sam3VideoModel(cfg).eval()
-    _rescale_weights(model, seed)
+    _rescale_weights(model, seed, preset)
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from graphs import export
-from graphs.check import run_checks
+from graphs.check import BF16_CRITERION, Row, run_checks
 from graphs.checkpoint import CheckpointError, validate_checkpoint
 
 
@@ -120,3 +120,18 @@ def test_fp16_graphs_export_and_stay_close(tiny_bundle, tmp_path):
     rows = run_checks(out, checkpoint=Path(tiny_bundle) / "source", graphs=["memory_encoder", "mask_init"],
                       log=lambda *_: None)
     assert rows and all(r.ok for r in rows), [(r.case, r.output, r.rel) for r in rows if not r.ok]
+
+
+def test_check_rows_print_the_criterion_that_decides_them():
+    # A bf16-rounded output one rounding step off: rel can exceed 2**-7, yet the step rule passes it.
+    within = Row("memory_encoder", "N=8", "maskmem_features", 1.56e-2, 1.56e-2, None,
+                 criterion=BF16_CRITERION, criterion_met=True)
+    assert within.ok
+    assert "1 bf16 step ok" in within.line() and "8e-03" not in within.line()
+    beyond = Row("memory_encoder", "N=8", "maskmem_features", 1e-3, 1e-4, None, "beyond one bf16 step",
+                 criterion=BF16_CRITERION, criterion_met=False)
+    assert not beyond.ok and "1 bf16 step OVER" in beyond.line()
+    # Numeric tolerances print the bound that decided.
+    assert Row("g", "c", "o", 1.0, 5e-5, 1e-4).line().endswith("1e-04 ok")
+    assert "1e-04 OVER" in Row("g", "c", "o", 1.0, 2e-4, 1e-4).line()
+    assert not Row("g", "c", "o", float("inf"), float("inf"), 0.0, "FAIL shape (1,) != (2,)").ok

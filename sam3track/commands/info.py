@@ -43,6 +43,7 @@ def _short_hashes(value: Any) -> str:
 
 
 def _backends_lines() -> list[str]:
+    """One line per backend sam3track has (sam3track/backends/): what it can use on this machine."""
     lines = []
     try:
         import onnxruntime
@@ -51,7 +52,6 @@ def _backends_lines() -> list[str]:
         lines.append(f"onnxruntime {onnxruntime.__version__}: providers {', '.join(providers)}")
     except Exception as e:  # not installed, or a broken build
         lines.append(f"onnxruntime: not available ({type(e).__name__}: {e}); pip install onnxruntime")
-    lines.append("ascend OM: convert with om/ (not available here)")
     return lines
 
 
