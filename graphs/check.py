@@ -85,6 +85,15 @@ class CheckError(Exception):
     pass
 
 
+def max_pointer_conditioning_frames() -> int:
+    """Conditioning frames whose pointers one object attends to at most: the runtime's cap."""
+    import dataclasses
+
+    from sam3track.config import TrackerConfig
+
+    return next(f.default for f in dataclasses.fields(TrackerConfig) if f.name == "max_conditioning_frames")
+
+
 class Checker:
     def __init__(self, bundle: Path, checkpoint: Path | None):
         import onnxruntime as ort
@@ -245,7 +254,9 @@ class Checker:
         trk_feats, trk_pos, head = self.tracker_frame()
         hw = d.grid * d.grid
         k_max = cfg.max_cond_frame_num + cfg.num_maskmem - 1
-        p_max = cfg.max_object_pointers_in_encoder - 1 + cfg.max_cond_frame_num
+        # The most pointers the runtime ever gathers: every kept conditioning frame (not only the
+        # max_cond_frame_num selected for spatial memory) plus the non-conditioning window.
+        p_max = cfg.max_object_pointers_in_encoder - 1 + max_pointer_conditioning_frames()
         mem_pos = trk.memory_encoder.position_encoding((1, d.memory_channels, d.grid, d.grid), "cpu", torch.float32)
         mem_pos = mem_pos.flatten(2).permute(2, 0, 1)  # (HW, 1, Cm), as the reference stores maskmem_pos_enc
         cases = [(n, k, min(2 * k - 1, p_max)) for n in (1, 3, 8) for k in range(1, k_max + 1)]
