@@ -4,6 +4,15 @@ Every message names the file, frame, prompt or object at fault and says what to 
 """
 
 
+SHOWN_CHARS = 60  # how much of a rejected value a message repeats
+
+
+def shown(value) -> str:
+    """repr(value), cut to a readable length: messages name the bad value, not echo 10 kB of it."""
+    text = repr(value)
+    return text if len(text) <= SHOWN_CHARS else text[:SHOWN_CHARS - 5] + "...'"
+
+
 class Sam3TrackError(Exception):
     """Base class of every error sam3track raises on purpose."""
 

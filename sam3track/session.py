@@ -8,7 +8,7 @@ from typing import Iterator
 import numpy as np
 
 from .errors import (ArgumentError, FrameIndexError, ObjectIdError, PromptError, SessionBusyError,
-                     SessionClosedError, VideoError)
+                     SessionClosedError, VideoError, shown)
 from .frame_loop import FrameLoop, FrameOutput
 from .memory_bank import MemoryBank
 from .objects import ObjectRegistry
@@ -17,14 +17,6 @@ from .results import FrameResult
 
 DIRECTIONS = ("forward", "backward", "both")
 MIN_FRAME_SIDE = 16  # smaller frames carry nothing to track; refuse them rather than upsample noise
-SHOWN_PROMPT_CHARS = 60  # how much of a rejected prompt an error message repeats
-
-
-def _shown(text) -> str:
-    text = repr(text)
-    return text if len(text) <= SHOWN_PROMPT_CHARS else text[:SHOWN_PROMPT_CHARS - 5] + "...'"
-
-
 def _is_int(value) -> bool:
     return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
 
@@ -141,7 +133,7 @@ class Session:
         if text is None:
             raise PromptError("add_prompt needs text=, e.g. session.add_prompt(frame_index=0, text='person')")
         if not isinstance(text, str):
-            raise PromptError(f"prompt {_shown(text)} is a {type(text).__name__}; give the words as a str, "
+            raise PromptError(f"prompt {shown(text)} is a {type(text).__name__}; give the words as a str, "
                               "e.g. text='red car'")
         text = text.strip()
         if text in self.prompts:
@@ -200,14 +192,14 @@ class Session:
         if self.source is None:
             raise VideoError("this session has no video (live stream); feed frames with session.track(frame)")
         if not isinstance(direction, str) or direction not in DIRECTIONS:
-            raise ArgumentError(f"direction must be one of {', '.join(map(repr, DIRECTIONS))}, not {_shown(direction)}")
+            raise ArgumentError(f"direction must be one of {', '.join(map(repr, DIRECTIONS))}, not {shown(direction)}")
         n = self.num_frames
         if start_frame is None:
             first_prompted = min(self._prompt_frames, default=0)
             start_frame = first_prompted if direction != "backward" else max(first_prompted, n - 1)
         self._check_frame(start_frame, "start_frame")
         if max_frames is not None and (not _is_int(max_frames) or max_frames < 1):
-            raise ArgumentError(f"max_frames must be a whole number >= 1 or None, not {_shown(max_frames)}")
+            raise ArgumentError(f"max_frames must be a whole number >= 1 or None, not {shown(max_frames)}")
         passes = []
         if direction in ("forward", "both"):
             stop = n if max_frames is None else min(n, start_frame + max_frames)
@@ -290,7 +282,7 @@ class Session:
         """Stop tracking an object; its id is never reused. Allowed between frames of a propagate()."""
         self._check_open()
         if obj_id not in self.objects:
-            raise ObjectIdError(f"object {_shown(obj_id)} is not tracked in this session "
+            raise ObjectIdError(f"object {shown(obj_id)} is not tracked in this session "
                                 f"(tracked: {self.objects.obj_ids})")
         self.objects.drop(obj_id)
         self.bank.remove_object(obj_id)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .errors import PromptError
+from .errors import PromptError, shown
 
 
 class PromptTokenizer:
@@ -19,10 +19,10 @@ class PromptTokenizer:
 
     def __call__(self, text: str) -> tuple[np.ndarray, np.ndarray]:
         if not isinstance(text, str) or not text.strip():
-            raise PromptError(f"prompt {text!r} is empty; give a noun phrase such as 'person' or 'red car'")
+            raise PromptError(f"prompt {shown(text)} is empty; give a noun phrase such as 'person' or 'red car'")
         ids = self._tok.encode(text).ids
         if len(ids) > self.length:
-            raise PromptError(f"prompt {text!r} is {len(ids)} tokens long; the text encoder takes at most "
+            raise PromptError(f"prompt {shown(text)} is {len(ids)} tokens long; the text encoder takes at most "
                               f"{self.length}: shorten it")
         input_ids = np.full((1, self.length), self.pad_id, np.int64)
         mask = np.zeros((1, self.length), np.int64)
