@@ -75,12 +75,9 @@ def plan_frame(frame: int, reverse: bool, streaming: bool, det: Detections, trac
                             keep_alive=config.init_trk_keep_alive, last_visible=frame)
               for o, d in zip(new_ids, new_inds)]
 
-    visible = (track_masks > 0).reshape(len(obj_ids), -1).any(axis=1) if obj_ids else np.zeros(0, bool)
     updates = {o: ObjectUpdate(objects[o].keep_alive, objects[o].unmatched_count, objects[o].last_occluded,
-                               frame if visible[i] else objects[o].last_visible, dict(objects[o].duplicate_of))
-               for i, o in enumerate(obj_ids)}
+                               objects[o].last_visible, dict(objects[o].duplicate_of)) for o in obj_ids}
     removed, suppressed = _hotstart(frame, reverse, streaming, assoc, births, objects, updates, config)
-    retired = _unseen_too_long(frame, objects, updates, removed, config)
 
     reconditioned: set[int] = set()
     recondition_masks: dict[int, np.ndarray] = {}
@@ -100,12 +97,17 @@ def plan_frame(frame: int, reverse: bool, streaming: bool, det: Detections, trac
     if obj_ids:
         if config.suppress_overlapping_based_on_recent_occlusion_threshold > 0.0:
             _suppress_by_recent_occlusion(frame, reverse, track_masks, obj_ids, removed, objects, updates, config)
+        shown = (track_masks > 0).reshape(len(obj_ids), -1).any(axis=1)  # after overlap suppression
+        for o, seen in zip(obj_ids, shown):
+            if seen:
+                updates[o].last_visible = frame
         memory_masks = track_masks.copy()
         for idx, m in recondition_masks.items():
             memory_masks[idx] = m
         memory_masks = mask_ops.suppress_object_pw_area_shrinkage(memory_masks, trk_prompts.tolist())
         memory_scores = np.where((memory_masks > 0).reshape(len(obj_ids), -1).any(axis=1), 10.0, -10.0)
         memory_scores = memory_scores.astype(np.float32)
+    retired = _unseen_too_long(frame, updates, removed, config)
     return FramePlan(assoc, new_inds, new_ids, removed, retired, suppressed, reconditioned, track_masks,
                      memory_masks, memory_scores, updates, births)
 
@@ -163,9 +165,9 @@ def _hotstart(frame, reverse, streaming, assoc: Association, births: list[Tracke
     return newly_removed, suppressed
 
 
-def _unseen_too_long(frame, objects: ObjectRegistry, updates: dict[int, ObjectUpdate], removed: set[int],
-                     config) -> set[int]:
-    """Objects whose mask stayed empty for `retire_unseen_after` frames (0: never, as the reference)."""
+def _unseen_too_long(frame, updates: dict[int, ObjectUpdate], removed: set[int], config) -> set[int]:
+    """Objects whose mask stayed empty (occluded, or suppressed by an overlapping object) for
+    `retire_unseen_after` frames (0: never, as the reference)."""
     limit = config.retire_unseen_after
     if limit <= 0:
         return set()

@@ -1,0 +1,170 @@
+"""Device pools and the memory bank's keeping rules, on the ONNX Runtime backend; re-propagation."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+import sam3track
+from sam3track.backends.onnxruntime import OnnxRuntimeBackend
+from sam3track.memory_bank import ZERO_ROW, DevicePool, MemoryBank, MemoryEntry
+from sam3track.video import open_video
+
+from .conftest import CLIPS
+
+
+@pytest.fixture()
+def backend():
+    b = OnnxRuntimeBackend()
+    yield b
+    b.close()
+
+
+def _fill(backend, pool, rows, value):
+    target = pool.target(rows)
+    backend.copy(backend.upload(np.full(target.shape, value, pool.dtype)), target)
+    pool.commit(rows, target)
+
+
+def test_pools_start_zeroed_and_keep_a_zero_row(backend):
+    pool = DevicePool(backend, (3,), capacity=4)
+    assert np.array_equal(backend.to_host(pool.tensor), np.zeros((4, 3), np.float32))
+    rows = pool.allocate(3)
+    assert ZERO_ROW not in rows.tolist() and pool.used == 3
+    _fill(backend, pool, rows, 7.0)
+    host = backend.to_host(pool.tensor)
+    assert np.all(host[ZERO_ROW] == 0) and np.all(host[rows] == 7)
+    pool.release([ZERO_ROW])  # never handed out, never freed
+    assert pool.used == 3
+
+
+def test_allocation_needs_no_contiguous_run_and_capacity_stays_within_twice_the_rows_used(backend):
+    pool = DevicePool(backend, (2,), capacity=8)
+    held = list(pool.allocate(7))
+    rng = np.random.default_rng(0)
+    peak = 7
+    for step in range(300):  # churn: free random rows, allocate batches into the holes
+        for r in rng.choice(held, size=min(len(held), int(rng.integers(0, 4))), replace=False):
+            held.remove(r)
+            pool.release([r])
+        batch = pool.allocate(int(rng.integers(1, 5)))
+        _fill(backend, pool, batch, float(step))
+        held += batch.tolist()
+        peak = max(peak, len(held))
+        assert pool.capacity <= 2 * (peak + 1)  # + the zero row
+        assert len(set(held)) == len(held) == pool.used
+    host = backend.to_host(pool.tensor)
+    assert np.all(host[ZERO_ROW] == 0)
+
+
+def test_scattered_rows_receive_exactly_their_batch(backend):
+    pool = DevicePool(backend, (2,), capacity=8)
+    rows = pool.allocate(6)
+    pool.release([rows[1], rows[3], rows[4]])
+    batch = pool.allocate(3)
+    assert not np.all(np.diff(batch) == 1)  # not one run: the scatter path
+    target = pool.target(batch)
+    backend.copy(backend.upload(np.arange(6, dtype=np.float32).reshape(3, 2)), target)
+    pool.commit(batch, target)
+    host = backend.to_host(pool.tensor)
+    assert np.array_equal(host[batch], np.arange(6, dtype=np.float32).reshape(3, 2))
+
+
+def test_a_view_taken_before_the_pool_grows_cannot_be_written(backend):
+    pool = DevicePool(backend, (2,), capacity=2)
+    rows = pool.allocate(1)
+    stale = pool.target(rows)
+    pool.allocate(4)  # grows: the old buffer is freed
+    with pytest.raises(sam3track.BackendError, match="used after it was freed"):
+        backend.copy(backend.upload(np.ones((1, 2), np.float32)), stale)
+
+
+def test_to_host_returns_owned_arrays_and_gathers_rows_in_one_copy(backend):
+    tensor = backend.upload(np.arange(12, dtype=np.float32).reshape(6, 2))
+    whole = backend.to_host(tensor)
+    whole[:] = -1
+    assert backend.to_host(tensor)[0, 1] == 1.0  # writing the copy changed nothing on the device
+    assert whole.flags.owndata or whole.base is None or not np.shares_memory(whole, backend.to_host(tensor))
+    before = backend.transfers.device_to_host
+    picked = backend.to_host(tensor, rows=np.array([5, 0, 3]))
+    assert backend.transfers.device_to_host == before + 1
+    assert np.array_equal(picked, np.array([[10, 11], [0, 1], [6, 7]], np.float32))
+
+
+def _config(**overrides):
+    values = dict(feature_grid=2, memory_dim=2, hidden_dim=4, num_maskmem=7, max_cond_frame_num=4,
+                  max_object_pointers_in_encoder=16, max_conditioning_frames=0)
+    values.update(overrides)
+    return SimpleNamespace(**values)
+
+
+def _add(bank, obj, frame, cond):
+    row = bank.pointers.allocate(1)[0]
+    bank.add(obj, frame, MemoryEntry(int(row), 1.0), cond=cond)
+    bank.set_memory_rows([obj], frame, bank.memories.allocate(1))
+
+
+def test_conditioning_memories_survive_passes_in_both_directions(backend):
+    bank = MemoryBank(backend, _config())
+    _add(bank, 0, 0, cond=True)
+    for frame in range(1, 100):  # forward, reconditioned every 16 frames
+        _add(bank, 0, frame, cond=False)
+        if frame % 16 == 0:
+            bank.promote_to_cond(0, frame)
+        bank.evict(frame, reverse=False, streaming=False)
+    for frame in range(99, -1, -1):  # then backward over the same frames
+        bank.query([0], frame, reverse=True, num_frames=100)  # raises if it selects a freed row
+        if not bank.has_cond(0, frame):
+            _add(bank, 0, frame, cond=False)
+        bank.evict(frame, reverse=True, streaming=False)
+    summary = bank.summary()[0]
+    assert summary["conditioning"] == [0, 16, 32, 48, 64, 80, 96]
+    assert set(summary["conditioning"]) <= set(summary["spatial_memory"])
+    with pytest.raises(sam3track.Sam3TrackError, match="conditioning memory of frame 16 would be replaced"):
+        bank.add(0, 16, MemoryEntry(1, 0.0), cond=False)
+
+
+def test_keep_all_conditioning_frames_means_all(backend):
+    bank = MemoryBank(backend, _config(max_cond_frame_num=-1))
+    for frame in range(0, 200, 16):
+        _add(bank, 0, frame, cond=True)
+        bank.evict(frame, reverse=False, streaming=True)
+    assert bank.summary()[0]["spatial_memory"] == list(range(0, 200, 16))
+
+
+def test_streams_keep_what_can_still_be_selected_and_cap_conditioning_frames(backend):
+    bank = MemoryBank(backend, _config(max_conditioning_frames=5))
+    for frame in range(0, 400):
+        _add(bank, 0, frame, cond=frame % 16 == 0)
+        bank.evict(frame, reverse=False, streaming=True)
+        q = bank.query([0], frame + 1, reverse=False, num_frames=None)
+        assert q.memory_valid.sum() <= 4 + 6 and q.pointer_valid.sum() <= 5 + 15
+    held = bank.summary()[0]
+    assert held["conditioning"] == [320, 336, 352, 368, 384]  # the farthest went first
+    assert held["spatial_memory"] == [336, 352, 368, 384] + list(range(394, 400))  # 4 newest cond + 6 recent
+    assert bank.memories.used == len(held["spatial_memory"])
+    assert bank.pointers.used == len(held["pointers"]) == 5 + 15
+
+
+def test_forward_backward_forward_on_a_session_keeps_conditioning_intact(tiny_bundle):
+    """Three propagate() calls over 90 frames with reconditioning: no error, no conditioning frame lost,
+    the conditioning memories still on the device afterwards."""
+    with open_video(CLIPS / "bikes.mp4") as video:
+        shot = [video.read(i) for i in range(76, 121)]
+    frames = np.stack(shot + shot[::-1])  # 90 frames, a ping-pong of one continuous shot
+    with sam3track.load(tiny_bundle, hotstart_delay=0) as p, p.start_session(frames) as s:
+        s.add_prompt(text="bike")
+        s.add_prompt(text="phone")
+        list(s.propagate())
+        first = {o: set(v["conditioning"]) for o, v in s.bank.summary().items()}
+        reconditioned = {t for frames_ in first.values() for t in frames_ if t % 16 == 0 and t > 0}
+        assert reconditioned, f"no reconditioning happened: {first}"
+        list(s.propagate(direction="backward"))
+        list(s.propagate())
+        after = s.bank.summary()
+        for obj_id, cond in first.items():
+            if obj_id in after:
+                assert cond <= set(after[obj_id]["conditioning"])
+                assert set(after[obj_id]["conditioning"]) <= set(after[obj_id]["spatial_memory"])
