@@ -150,11 +150,34 @@ def test_interrupted_writer_leaves_valid_shorter_video(
                 raise interrupt("stopped by the user")
         times = [r.pts(i) * r.time_base for i in range(7)]
     assert w.completed is False
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["partial.mp4"]  # no temp file left
-    with open_video(out) as o:
-        assert len(o) == _demux_count(out) == 7
+    kept = tmp_path / "partial.interrupted.mp4"
+    assert w.result == w.close(complete=False) == kept  # closing again changes nothing
+    # Only the interrupted name: nothing under the name asked for, no temp file left.
+    assert sorted(p.name for p in tmp_path.iterdir()) == [kept.name]
+    with open_video(kept) as o:
+        assert len(o) == _demux_count(kept) == 7
         assert _times(o) == times
         assert len(list(o.frames())) == 7
+
+
+def test_interrupted_writer_never_replaces_a_complete_video(tmp_path: Path) -> None:
+    out = tmp_path / "clip.masks.mp4"
+    with open_video(BIKES) as r:
+        with MaskVideoWriter.like(out, r) as w:
+            for f in r.frames(stop=5):
+                w.write(f.rgb, f.pts, f.time_base)
+        complete = out.read_bytes()
+        for attempt in range(2):  # the second interrupted run replaces the first one's leftovers
+            with pytest.raises(KeyboardInterrupt):
+                with MaskVideoWriter.like(out, r) as w:
+                    for f in r.frames(stop=2 + attempt):
+                        w.write(f.rgb, f.pts, f.time_base)
+                    raise KeyboardInterrupt
+    assert out.read_bytes() == complete
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "clip.masks.interrupted.mp4", "clip.masks.mp4"]
+    with open_video(tmp_path / "clip.masks.interrupted.mp4") as o:
+        assert len(o) == 3
 
 
 def test_writer_with_no_frames(tmp_path: Path) -> None:
