@@ -5,8 +5,9 @@
     sam3track demo [-o OUT.mp4] [--max-frames N]
     sam3track info BUNDLE
 
-Exit codes: 0 success, 2 bad input (the message on stderr says what and where), 130 interrupted
-(Ctrl-C; the outputs hold the frames finished before it).
+Exit codes: 0 success, 2 bad input (the message on stderr says what and where), 130 / 143
+stopped by Ctrl-C / SIGTERM (the frames finished before it are left beside the outputs under
+``.interrupted`` names; the paths asked for only ever hold complete outputs).
 
 This module parses the command line and dispatches; each subcommand lives in
 :mod:`sam3track.commands` (``track``, ``demo``, ``info``).
@@ -61,7 +62,8 @@ def build_parser() -> argparse.ArgumentParser:
             "  python -m graphs.export --checkpoint SNAPSHOT --out sam3-bundle\n"
             "  sam3track track video.mp4 --prompt dog --bundle sam3-bundle --json dog.json\n"
             "  sam3track info sam3-bundle\n\n"
-            "exit codes: 0 ok, 2 bad input, 130 interrupted (outputs hold the frames done)"
+            "exit codes: 0 ok, 2 bad input, 130 Ctrl-C / 143 SIGTERM (the frames done are\n"
+            "left beside the outputs as <stem>.interrupted<suffix>; complete outputs are kept)"
         ),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -74,8 +76,10 @@ def build_parser() -> argparse.ArgumentParser:
         description=(
             "Find every object matching the text prompts and track it through the video. Writes "
             "the video with tinted masks, boxes and labels (same size, frame count and timing "
-            "as the input frames processed), plus optional JSON and PNG masks. Ctrl-C stops "
-            "early and keeps valid outputs holding the frames done (exit code 130)."
+            "as the input frames processed), plus optional JSON and PNG masks. Ctrl-C or "
+            "SIGTERM stops early (exit code 130 or 143): the frames done are kept as valid "
+            "outputs named <stem>.interrupted<suffix> (and <dir>.interrupted for --masks-dir) "
+            "beside the paths asked for, which only ever hold complete outputs."
         ),
     )
     track.add_argument("video", type=Path, metavar="VIDEO",

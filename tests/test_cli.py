@@ -229,34 +229,43 @@ def test_track_json_and_pngs_match_the_python_api(tracked: dict, tiny_bundle: Pa
         assert np.array_equal(png.astype(np.int64), want)
 
 
-# -- Ctrl-C ------------------------------------------------------------------------------------
+# -- Ctrl-C and SIGTERM ------------------------------------------------------------------------
 
 
-@pytest.mark.skipif(sys.platform == "win32", reason="SIGINT to a child process is POSIX-only")
-def test_sigint_leaves_valid_partial_outputs(tiny_bundle: Path, tmp_path: Path) -> None:
-    video, doc = tmp_path / "part.mp4", tmp_path / "part.json"
+def _track_args(bundle: Path, out_dir: Path, frames: int = 40) -> list[str]:
+    return ["track", str(BIKES), "--prompt", "person", "--bundle", str(bundle),
+            "-o", str(out_dir / "part.mp4"), "--json", str(out_dir / "part.json"),
+            "--masks-dir", str(out_dir / "masks"), "--max-frames", str(frames)]
+
+
+def _stop_midway(args: list[str], cwd: Path, signum: int) -> tuple[int, str]:
+    """Run ``sam3track`` in a child, send ``signum`` once a few frames are done; (rc, stderr)."""
     proc = subprocess.Popen(
-        [sys.executable, "-m", "sam3track.cli", "track", str(BIKES), "--prompt", "person",
-         "--bundle", str(tiny_bundle), "-o", str(video), "--json", str(doc), "--max-frames", "40"],
-        cwd=tmp_path, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        [sys.executable, "-m", "sam3track.cli", *args],
+        cwd=cwd, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )
-    partial = tmp_path / "part.json.partial"
-    deadline = time.monotonic() + 60
+    partial = cwd / "part.json.partial"
+    deadline = time.monotonic() + 120
     try:
-        # The JSON sink flushes each frame: wait until a few are done, then press Ctrl-C.
+        # The JSON sink flushes each frame: wait until a few are done, then send the signal.
         while time.monotonic() < deadline and proc.poll() is None:
             if partial.exists() and partial.read_text().count('"frame_index"') >= 3:
                 break
             time.sleep(0.005)
-        assert proc.poll() is None, f"the run ended before it could be interrupted:\n{proc.communicate()}"
-        proc.send_signal(signal.SIGINT)
-        stdout, stderr = proc.communicate(timeout=60)
+        assert proc.poll() is None, f"the run ended before it could be stopped:\n{proc.communicate()}"
+        proc.send_signal(signum)
+        _, stderr = proc.communicate(timeout=60)
     finally:
         if proc.poll() is None:
             proc.kill()
-    assert proc.returncode == 130, stderr
-    assert "Traceback" not in stderr
-    assert "interrupted after" in stderr and "partial outputs written to" in stderr
+    return proc.returncode, stderr
+
+
+def _check_interrupted_outputs(out_dir: Path, stderr: str) -> int:
+    """The .interrupted video, JSON and masks folder hold the same frames; their count."""
+    video = out_dir / "part.interrupted.mp4"
+    doc = out_dir / "part.interrupted.json"
+    masks = out_dir / "masks.interrupted"
     with open_video(video) as out:
         n = len(out)
         assert 1 <= n < 40
@@ -264,8 +273,48 @@ def test_sigint_leaves_valid_partial_outputs(tiny_bundle: Path, tmp_path: Path) 
     data = json.loads(doc.read_text())
     assert data["complete"] is False
     assert data["num_frames"] == len(data["frames"]) == n
+    indices = [f["frame_index"] for f in data["frames"]]
+    assert indices == list(range(n))
+    assert sorted(p.name for p in masks.iterdir()) == [f"{i:06d}.png" for i in indices]
     assert f"interrupted after {n} frames" in stderr
-    assert not list(tmp_path.glob("*.partial"))
+    for path in (video, doc, masks):
+        assert str(path) in stderr  # the message says where the partial results are
+    assert not list(out_dir.rglob("*.partial"))  # no temp file or staging folder left
+    return n
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals to a child process")
+@pytest.mark.parametrize(("signum", "code"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)],
+                         ids=["SIGINT", "SIGTERM"])
+def test_signal_leaves_valid_partial_outputs(
+    tiny_bundle: Path, tmp_path: Path, signum: int, code: int
+) -> None:
+    rc, stderr = _stop_midway(_track_args(tiny_bundle, tmp_path), tmp_path, signum)
+    assert rc == code, stderr
+    assert "Traceback" not in stderr
+    _check_interrupted_outputs(tmp_path, stderr)
+    # Nothing under the names asked for: they only ever hold complete outputs.
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "masks.interrupted", "part.interrupted.json", "part.interrupted.mp4"]
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals to a child process")
+def test_stopped_rerun_keeps_the_complete_outputs(tiny_bundle: Path, tmp_path: Path) -> None:
+    args = _track_args(tiny_bundle, tmp_path)
+    proc = subprocess.run([sys.executable, "-m", "sam3track.cli", *args], cwd=tmp_path,
+                          env=_env(), capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    finals = [tmp_path / "part.mp4", tmp_path / "part.json",
+              *sorted((tmp_path / "masks").iterdir())]
+    assert len(finals) == 2 + 40
+    before = {p: p.read_bytes() for p in finals}
+
+    rc, stderr = _stop_midway(args, tmp_path, signal.SIGINT)
+    assert rc == 130, stderr
+    assert {p: p.read_bytes() for p in finals} == before  # byte for byte
+    assert len(list((tmp_path / "masks").iterdir())) == 40
+    assert json.loads((tmp_path / "part.json").read_text())["complete"] is True
+    _check_interrupted_outputs(tmp_path, stderr)
 
 
 # -- user errors: exit code 2, a message naming the culprit, no traceback ------------------------

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from sam3track.commands.common import CliError
-from sam3track.sinks import JsonSink, MasksDirSink
+from sam3track.sinks import MasksDirSink
 
 # ------------------------------------------------------------------------------------------
 # Checking outputs before any work is done
@@ -89,13 +89,11 @@ def _drop_interrupt_notes(record: logging.LogRecord) -> bool:
     return not str(record.msg).startswith("run interrupted")
 
 
-def close_all(
-    sinks: list[Any], paths: list[Path], complete: bool, frames_done: int
-) -> list[str]:
-    """Close every sink (never raising); the paths that hold something afterwards.
+def close_all(sinks: list[Any], paths: list[Path], complete: bool) -> list[str]:
+    """Close every sink (never raising); where each output that holds something ended up.
 
-    With no frame done, the JSON (valid but empty) is removed like the video, which the writer
-    never creates without a frame, so a run stopped early leaves no empty outputs behind.
+    After a run stopped early that is each output's ``.interrupted`` name (an output with no
+    frame done leaves nothing), so the outputs under the names asked for are never touched.
     """
     kept = []
     loggers = [logging.getLogger(name) for name in ("sam3track.video.writer", "sam3track.sinks")]
@@ -108,12 +106,8 @@ def close_all(
             except Exception as e:  # finalising one output must not stop the others
                 print(f"warning: could not finish {path}: {e}", file=sys.stderr)
                 continue
-            if frames_done == 0 or getattr(sink, "frames_written", 1) == 0:
-                if isinstance(sink, JsonSink) and result is not None:
-                    Path(result).unlink(missing_ok=True)
-                continue
             if result is not None and Path(result).exists():
-                kept.append(str(path) + ("/" if isinstance(sink, MasksDirSink) else ""))
+                kept.append(str(result) + ("/" if isinstance(sink, MasksDirSink) else ""))
     finally:
         for logger in loggers:
             logger.removeFilter(_drop_interrupt_notes)

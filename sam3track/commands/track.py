@@ -13,8 +13,8 @@ from typing import Any, TextIO
 from tqdm import tqdm
 
 import sam3track
-from sam3track.commands.common import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_OK, CliError
-from sam3track.commands.interrupts import InterruptGuard
+from sam3track.commands.common import EXIT_ERROR, EXIT_OK, CliError
+from sam3track.commands.interrupts import InterruptGuard, exit_code_for
 from sam3track.commands.outputs import (
     check_masks_dir,
     check_output_file,
@@ -51,7 +51,8 @@ def run_track(
     """Track ``prompts`` through ``video`` and write the outputs; returns the exit code.
 
     User errors (:class:`Sam3TrackError`, and OSError on outputs) are printed as
-    ``error: <message>`` and give 2; a Ctrl-C gives 130 after finalising partial outputs.
+    ``error: <message>`` and give 2. A Ctrl-C (SIGINT) or SIGTERM gives 128 + the signal number
+    (130, 143) after leaving the frames done beside the outputs, under ``.interrupted`` names.
     """
     out = stdout or sys.stdout
     err = stderr or sys.stderr
@@ -61,9 +62,9 @@ def run_track(
                 guard, Path(video), list(prompts), bundle, output, json_path, masks_dir,
                 start_frame, max_frames, backend, device, overrides or {}, out, err,
             )
-    except KeyboardInterrupt:  # before any output was opened
+    except KeyboardInterrupt as e:  # before any output was opened
         print("interrupted before any frame was processed; no outputs written", file=err)
-        return EXIT_INTERRUPTED
+        return exit_code_for(e)
     except (Sam3TrackError, OSError) as e:
         print(f"error: {e}", file=err)
         return EXIT_ERROR
@@ -252,14 +253,13 @@ def _propagate(
             bar.update(1)
         if done == 0:
             raise Sam3TrackError(f"the predictor returned no frames for {video} from frame {start}")
-    except KeyboardInterrupt:
-        kept = _close_early(guard, bar, sinks, written, done)
-        where = f"partial outputs written to {', '.join(kept)}" if kept else "no outputs written"
-        print(f"interrupted after {done} frames; {where}", file=err)
-        return EXIT_INTERRUPTED
+    except KeyboardInterrupt as e:
+        kept = _close_early(guard, bar, sinks, written)
+        print(f"interrupted after {done} frames; {_partial_note(kept)}", file=err)
+        return exit_code_for(e)
     except (Sam3TrackError, OSError) as e:
-        kept = _close_early(guard, bar, sinks, written, done)
-        where = f"; partial outputs ({done} frames) written to {', '.join(kept)}" if kept else ""
+        kept = _close_early(guard, bar, sinks, written)
+        where = f"; {done} frames done, {_partial_note(kept)}" if kept else ""
         print(f"error: {e}{where}", file=err)
         return EXIT_ERROR
     finally:
@@ -273,7 +273,7 @@ def _propagate(
             for sink in sinks:
                 sink.close(complete=True)
         except (Sam3TrackError, OSError):
-            close_all(sinks, written, complete=False, frames_done=done)
+            close_all(sinks, written, complete=False)
             raise
     elapsed = time.perf_counter() - started
     fps = done / elapsed if elapsed > 0 else float("inf")
@@ -288,13 +288,20 @@ def _propagate(
 
 
 def _close_early(
-    guard: InterruptGuard, bar: Any, sinks: list[Any], written: list[Path], done: int
+    guard: InterruptGuard, bar: Any, sinks: list[Any], written: list[Path]
 ) -> list[str]:
-    """Close the progress bar and every output after a run stopped early (Ctrl-C or an error);
-    the outputs that hold something afterwards."""
+    """Close the progress bar and every output after a run stopped early (a signal or an error);
+    where the outputs that hold something ended up (their ``.interrupted`` names)."""
     with guard.finalising():
         close_bar(bar)
-        return close_all(sinks, written, complete=False, frames_done=done)
+        return close_all(sinks, written, complete=False)
+
+
+def _partial_note(kept: list[str]) -> str:
+    if not kept:
+        return "no outputs written"
+    return (f"partial outputs written to {', '.join(kept)} (the paths asked for were left "
+            f"untouched; run again for complete outputs)")
 
 
 def cmd_track(args: argparse.Namespace) -> int:
