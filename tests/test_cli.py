@@ -135,8 +135,12 @@ def test_track_video_colours_masks_and_leaves_the_rest(tracked: dict) -> None:
 class _ScriptedSession:
     """Two discs (object ids 0 and 7) drifting right: known masks to check the drawing with."""
 
-    def __init__(self, source: str) -> None:
-        self.reader = open_video(source)
+    def __init__(self, source) -> None:
+        self.owned = isinstance(source, (str, Path))
+        self.reader = open_video(source) if self.owned else source
+
+    def frame(self, index: int) -> np.ndarray:
+        return self.reader.read(index)
 
     def add_prompt(self, frame_index: int = 0, text: str = "") -> None:
         self.text = text
@@ -158,7 +162,8 @@ class _ScriptedSession:
                               [self.text, self.text])
 
     def close(self) -> None:
-        self.reader.close()
+        if self.owned:
+            self.reader.close()
 
     def __enter__(self):
         return self
@@ -397,6 +402,31 @@ def test_errors_through_the_real_entry_point(tmp_path: Path) -> None:
     assert proc.returncode == 2
     assert proc.stderr.startswith("error: ") and "nope.mp4" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_each_frame_is_decoded_once(tiny_bundle: Path, tmp_path: Path, monkeypatch) -> None:
+    """The session decodes a frame to track it; the drawing must reuse it, not decode again."""
+    from collections import Counter
+
+    from sam3track.video.random_access import DecodeCursor
+
+    decoded: Counter[int] = Counter()
+    frame_at = DecodeCursor.frame_at
+
+    def counting(self, target: int):
+        decoded[target] += 1
+        return frame_at(self, target)
+
+    monkeypatch.setattr(DecodeCursor, "frame_at", counting)
+    start, count = 30, 12
+    assert main(["track", str(BIKES), "--prompt", "person", "--bundle", str(tiny_bundle),
+                 "-o", str(tmp_path / "o.mp4"), "--start-frame", str(start),
+                 "--max-frames", str(count)]) == 0
+    # Frame 0 once when the video is opened (to fail early on an undecodable file), then each
+    # tracked frame exactly once.
+    assert decoded == Counter({0: 1, **{i: 1 for i in range(start, start + count)}})
+    with open_video(tmp_path / "o.mp4") as out:
+        assert len(out) == count
 
 
 # -- info and demo -----------------------------------------------------------------------------

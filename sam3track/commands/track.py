@@ -97,7 +97,8 @@ def _track(
     if start_frame < 0:
         raise CliError(f"--start-frame must be 0 or more, got {start_frame}")
 
-    # 2. The input video (missing, not a video, no frames, undecodable: VideoError here).
+    # 2. The input video (missing, not a video, no frames, undecodable: VideoError here). It is
+    # opened once: the session decodes each frame and the drawing reuses it from its cache.
     reader = open_source(video)
     try:
         n_frames = len(reader)
@@ -161,7 +162,7 @@ def _track(
                 f"{type(e).__name__}: {e}"
             ) from e
         try:
-            with predictor.start_session(str(video)) as session:
+            with predictor.start_session(reader) as session:  # the session does not close it
                 for text in prompts:
                     session.add_prompt(frame_index=start_frame, text=text)
                 return _propagate(
@@ -195,7 +196,6 @@ def _propagate(
     done = 0
     seen: set[int] = set()
     bar = None
-    frames = None
     results = None
     started = time.perf_counter()
     try:
@@ -226,23 +226,23 @@ def _propagate(
 
         bar = tqdm(total=stop - start, desc="tracking", unit="frame", file=err,
                    dynamic_ncols=True, smoothing=0.1)
-        frames = reader.frames(start, stop)
         results = session.propagate(direction="forward", start_frame=start, max_frames=max_frames)
         for result in results:
-            frame = next(frames, None)
-            if frame is None:
+            index = start + done
+            if index >= stop:
                 raise Sam3TrackError(
                     f"the predictor returned frame {result.frame_index}, past the last frame "
                     f"asked for ({stop - 1}); this is a bug in sam3track, please report it"
                 )
-            if int(result.frame_index) != frame.index:
+            if int(result.frame_index) != index:
                 raise Sam3TrackError(
                     f"the predictor returned frame {result.frame_index} where frame "
-                    f"{frame.index} was expected; this is a bug in sam3track, please report it"
+                    f"{index} was expected; this is a bug in sam3track, please report it"
                 )
-            rendered = draw_objects(frame.rgb, result)
+            # The frame the session just tracked, from its decode cache: decoded once per run.
+            rendered = draw_objects(session.frame(index), result)
             with guard.atomic():  # all outputs get this frame, or none does
-                writer.write(rendered, pts=frame.pts, time_base=frame.time_base)
+                writer.write(rendered, pts=reader.pts(index), time_base=reader.time_base)
                 if json_sink is not None:
                     json_sink.write(result)
                 if masks_sink is not None:
@@ -263,9 +263,8 @@ def _propagate(
         print(f"error: {e}{where}", file=err)
         return EXIT_ERROR
     finally:
-        for generator in (frames, results):
-            if generator is not None and hasattr(generator, "close"):
-                generator.close()
+        if results is not None and hasattr(results, "close"):
+            results.close()
 
     with guard.finalising():
         close_bar(bar)
