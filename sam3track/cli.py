@@ -2,6 +2,7 @@
 
     sam3track track VIDEO --prompt TEXT [--prompt TEXT ...] [--bundle DIR] [-o OUT.mp4]
                     [--json OUT.json] [--masks-dir DIR] [--start-frame N] [--max-frames N]
+                    [--keep-timestamps]
     sam3track demo [-o OUT.mp4] [--max-frames N]
     sam3track info BUNDLE
 
@@ -103,6 +104,10 @@ def build_parser() -> argparse.ArgumentParser:
                        help="first frame to process (0-based; default 0)")
     track.add_argument("--max-frames", type=_int_at_least(1), default=None, metavar="N",
                        help="process at most N frames (default: to the end of the video)")
+    track.add_argument("--keep-timestamps", action="store_true",
+                       help="give the mask video the input's own timestamps (a clip from "
+                            "--start-frame N then starts at frame N's time); default: the first "
+                            "frame written is at 0, spacing unchanged")
     track.add_argument("--backend", default="onnxruntime", metavar="NAME",
                        help="inference backend (default: onnxruntime)")
     track.add_argument("--device", default="cpu", metavar="NAME",

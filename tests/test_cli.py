@@ -78,7 +78,8 @@ def test_track_video_keeps_size_frame_count_and_timing(tracked: dict) -> None:
         got = [f.time for f in out.frames()]
         start = tracked["start"]
         want = [f.time for f in src.frames(start, start + COUNT)]
-        assert got == pytest.approx(want, abs=1e-6)
+        # The clip starts at 0 (no --keep-timestamps); the input's spacing is kept.
+        assert got == pytest.approx([t - want[0] for t in want], abs=1e-6)
     doc = tracked["doc"]
     assert doc["complete"] is True and doc["num_frames"] == len(doc["frames"]) == COUNT
     assert [f["frame_index"] for f in doc["frames"]] == list(range(start, start + COUNT))
@@ -173,6 +174,9 @@ class _ScriptedSession:
 
 
 class _ScriptedPredictor:
+    def __init__(self, *args, **overrides) -> None:
+        self.overrides = overrides
+
     def start_session(self, source):
         return _ScriptedSession(source)
 
@@ -427,6 +431,27 @@ def test_each_frame_is_decoded_once(tiny_bundle: Path, tmp_path: Path, monkeypat
     assert decoded == Counter({0: 1, **{i: 1 for i in range(start, start + count)}})
     with open_video(tmp_path / "o.mp4") as out:
         assert len(out) == count
+
+
+@pytest.mark.parametrize("keep", [False, True], ids=["from-zero", "keep-timestamps"])
+def test_clip_timestamps(tmp_path: Path, monkeypatch, keep: bool) -> None:
+    monkeypatch.setattr(sam3track, "load", _ScriptedPredictor)
+    (tmp_path / "bundle").mkdir()
+    start, count = 76, 8
+    video, doc = tmp_path / "clip.mp4", tmp_path / "clip.json"
+    args = ["track", str(BIKES), "--prompt", "person", "--bundle", str(tmp_path / "bundle"),
+            "-o", str(video), "--json", str(doc), "--start-frame", str(start),
+            "--max-frames", str(count)]
+    assert main(args + (["--keep-timestamps"] if keep else [])) == 0
+    with open_video(BIKES) as src:
+        source_times = [src.pts(i) * src.time_base for i in range(start, start + count)]
+    with open_video(video) as out:
+        times = [out.pts(i) * out.time_base for i in range(len(out))]
+        assert [f.time for f in out.frames()] == pytest.approx([float(t) for t in times])
+    assert source_times[0] > 3  # frame 76 of a 25 fps video: a start worth shifting
+    assert times[0] == (source_times[0] if keep else 0)
+    assert [t - times[0] for t in times] == [t - source_times[0] for t in source_times]
+    assert json.loads(doc.read_text())["metadata"]["keep_timestamps"] is keep
 
 
 # -- info and demo -----------------------------------------------------------------------------

@@ -45,6 +45,7 @@ def run_track(
     backend: str = "onnxruntime",
     device: str = "cpu",
     overrides: dict | None = None,
+    keep_timestamps: bool = False,
     stdout: TextIO | None = None,
     stderr: TextIO | None = None,
 ) -> int:
@@ -53,6 +54,7 @@ def run_track(
     User errors (:class:`Sam3TrackError`, and OSError on outputs) are printed as
     ``error: <message>`` and give 2. A Ctrl-C (SIGINT) or SIGTERM gives 128 + the signal number
     (130, 143) after leaving the frames done beside the outputs, under ``.interrupted`` names.
+    The mask video starts at time 0 unless ``keep_timestamps`` keeps the input's own times.
     """
     out = stdout or sys.stdout
     err = stderr or sys.stderr
@@ -60,7 +62,8 @@ def run_track(
         with InterruptGuard() as guard:
             return _track(
                 guard, Path(video), list(prompts), bundle, output, json_path, masks_dir,
-                start_frame, max_frames, backend, device, overrides or {}, out, err,
+                start_frame, max_frames, backend, device, overrides or {}, keep_timestamps,
+                out, err,
             )
     except KeyboardInterrupt as e:  # before any output was opened
         print("interrupted before any frame was processed; no outputs written", file=err)
@@ -83,6 +86,7 @@ def _track(
     backend: str,
     device: str,
     overrides: dict,
+    keep_timestamps: bool,
     out: TextIO,
     err: TextIO,
 ) -> int:
@@ -167,7 +171,7 @@ def _track(
                     session.add_prompt(frame_index=start_frame, text=text)
                 return _propagate(
                     guard, session, reader, video, prompts, start_frame, stop, max_frames,
-                    video_out, json_out, masks_out, bundle_dir, out, err,
+                    video_out, json_out, masks_out, bundle_dir, keep_timestamps, out, err,
                 )
         finally:
             predictor.close()
@@ -188,6 +192,7 @@ def _propagate(
     json_out: Path | None,
     masks_out: Path | None,
     bundle_dir: Path,
+    keep_timestamps: bool,
     out: TextIO,
     err: TextIO,
 ) -> int:
@@ -197,6 +202,9 @@ def _propagate(
     seen: set[int] = set()
     bar = None
     results = None
+    # A clip cut from a longer video starts at 0 like any video, unless the user wants the
+    # source's clock (to line the masks up with the original); spacing is kept either way.
+    pts_offset = 0 if keep_timestamps else reader.pts(start)
     started = time.perf_counter()
     try:
         writer = MaskVideoWriter.like(video_out, reader)
@@ -213,6 +221,7 @@ def _propagate(
                 "width": reader.width,
                 "height": reader.height,
                 "fps": float(reader.frame_rate),
+                "keep_timestamps": keep_timestamps,
                 "id_offset_in_masks_dir": MASK_ID_OFFSET if masks_out is not None else None,
             }
             json_sink = JsonSink(json_out, metadata=metadata)
@@ -242,7 +251,8 @@ def _propagate(
             # The frame the session just tracked, from its decode cache: decoded once per run.
             rendered = draw_objects(session.frame(index), result)
             with guard.atomic():  # all outputs get this frame, or none does
-                writer.write(rendered, pts=reader.pts(index), time_base=reader.time_base)
+                writer.write(rendered, pts=reader.pts(index) - pts_offset,
+                             time_base=reader.time_base)
                 if json_sink is not None:
                     json_sink.write(result)
                 if masks_sink is not None:
@@ -308,4 +318,5 @@ def cmd_track(args: argparse.Namespace) -> int:
         args.video, args.prompt, bundle=args.bundle, output=args.output, json_path=args.json,
         masks_dir=args.masks_dir, start_frame=args.start_frame, max_frames=args.max_frames,
         backend=args.backend, device=args.device, overrides=dict(args.set),
+        keep_timestamps=args.keep_timestamps,
     )
