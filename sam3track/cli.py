@@ -1,6 +1,6 @@
 """The ``sam3track`` command: track text prompts through a video, run the demo, inspect a bundle.
 
-    sam3track track VIDEO --prompt TEXT [--prompt TEXT ...] [--bundle DIR] [-o OUT.mp4]
+    sam3track track VIDEO --prompt TEXT [--prompt TEXT ...] --bundle DIR [-o OUT.mp4]
                     [--json OUT.json] [--masks-dir DIR] [--start-frame N] [--max-frames N]
                     [--keep-timestamps]
     sam3track demo [-o OUT.mp4] [--max-frames N]
@@ -73,6 +73,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     track = sub.add_parser(
         "track",
+        # --bundle is checked by track itself (to explain how to get one), so argparse would
+        # print it as optional; spell the usage out.
+        usage="%(prog)s VIDEO --prompt TEXT [--prompt TEXT ...] --bundle DIR [options]",
         help="track text prompts through a video and write a mask video (and JSON / PNG masks)",
         description=(
             "Find every object matching the text prompts and track it through the video. Writes "
@@ -88,8 +91,8 @@ def build_parser() -> argparse.ArgumentParser:
     track.add_argument("--prompt", "-p", action="append", required=True, metavar="TEXT",
                        help="what to find, e.g. 'person' or 'red car'; repeat for several")
     track.add_argument("--bundle", "-b", type=Path, default=None, metavar="DIR",
-                       help="exported bundle (python -m graphs.export); default: the demo bundle "
-                            "with RANDOM weights, built in the cache on first use")
+                       help="exported bundle (required): python -m graphs.export --checkpoint "
+                            "SNAPSHOT --out DIR; `sam3track demo` shows the machinery without one")
     track.add_argument("-o", "--output", type=Path, default=None, metavar="OUT.mp4",
                        help="mask video to write (.mp4, .m4v, .mov, .mkv); default: "
                             "<video stem>.masks.mp4 next to the input")

@@ -454,6 +454,21 @@ def test_clip_timestamps(tmp_path: Path, monkeypatch, keep: bool) -> None:
     assert json.loads(doc.read_text())["metadata"]["keep_timestamps"] is keep
 
 
+def test_track_needs_a_bundle(tmp_path: Path, monkeypatch, capsys) -> None:
+    import sam3track.demo
+
+    def no_demo(*args, **kwargs):
+        raise AssertionError("track must not fall back to the random-weights demo bundle")
+
+    monkeypatch.setattr(sam3track.demo, "demo_bundle_path", no_demo)
+    err = _run_error(["track", str(BIKES), "--prompt", "person", "-o", str(tmp_path / "o.mp4")],
+                     capsys)
+    assert "--bundle" in err and "required" in err
+    assert "python -m graphs.export --checkpoint SNAPSHOT --out BUNDLE" in err
+    assert "sam3track demo" in err
+    assert list(tmp_path.iterdir()) == []
+
+
 # -- info and demo -----------------------------------------------------------------------------
 
 

@@ -91,6 +91,14 @@ def _track(
     err: TextIO,
 ) -> int:
     # 1. Arguments that need no file access.
+    if bundle is None:
+        # The demo bundle has random weights: tracking with it silently would look like a
+        # model that finds nothing, so a real bundle must be asked for by name.
+        raise CliError(
+            "--bundle DIR is required: export a checkpoint with python -m graphs.export "
+            "--checkpoint SNAPSHOT --out BUNDLE, or run `sam3track demo` to see the machinery "
+            "with random weights"
+        )
     if not prompts:
         raise CliError("give at least one --prompt TEXT (e.g. --prompt person)")
     for text in prompts:
@@ -137,25 +145,15 @@ def _track(
                 if same_file(a, b):
                     raise CliError(f"{flag_a} and {flag_b} both name {a}; give them different paths")
 
-        # 4. The bundle (the demo bundle, built on first use, when none is given).
-        if bundle is None:
-            from sam3track.demo import demo_bundle_path
-
-            bundle_dir = demo_bundle_path(log=lambda line: print(line, file=err))
-            print(
-                f"note: no --bundle given; using the demo bundle {bundle_dir}, which has RANDOM "
-                f"weights (the masks show the machinery, not the model); see `sam3track demo`",
-                file=err,
+        # 4. The bundle.
+        bundle_dir = Path(bundle)
+        if not bundle_dir.exists():
+            raise CliError(
+                f"bundle folder not found: {bundle_dir}; export one with "
+                f"python -m graphs.export --checkpoint SNAPSHOT --out {bundle_dir}"
             )
-        else:
-            bundle_dir = Path(bundle)
-            if not bundle_dir.exists():
-                raise CliError(
-                    f"bundle folder not found: {bundle_dir}; export one with "
-                    f"python -m graphs.export --checkpoint SNAPSHOT --out {bundle_dir}"
-                )
-            if not bundle_dir.is_dir():
-                raise CliError(f"--bundle {bundle_dir} is a file; pass the bundle's folder")
+        if not bundle_dir.is_dir():
+            raise CliError(f"--bundle {bundle_dir} is a file; pass the bundle's folder")
         try:
             predictor = sam3track.load(bundle_dir, backend=backend, device=device, **overrides)
         except (Sam3TrackError, KeyboardInterrupt):
