@@ -21,6 +21,7 @@ import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import NoReturn
 
 import sam3track
 from sam3track.commands.common import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_OK, CliError
@@ -53,8 +54,15 @@ def _int_at_least(minimum: int):
     return parse
 
 
+class _OneLineErrors(argparse.ArgumentParser):
+    """Usage mistakes reported like every other user error: one ``error:`` line, exit 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_ERROR, f"error: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _OneLineErrors(
         prog="sam3track",
         description="SAM 3 video tracking from exported graphs (no PyTorch at run time).",
         epilog=(

@@ -333,7 +333,7 @@ def _run_error(args: list[str], capsys) -> str:
     rc = main(args)
     captured = capsys.readouterr()
     assert rc == 2, captured
-    assert "Traceback" not in captured.err
+    assert captured.err.startswith("error: ") and captured.err.count("\n") == 1, captured.err
     return captured.err
 
 
@@ -467,6 +467,63 @@ def test_track_needs_a_bundle(tmp_path: Path, monkeypatch, capsys) -> None:
     assert "python -m graphs.export --checkpoint SNAPSHOT --out BUNDLE" in err
     assert "sam3track demo" in err
     assert list(tmp_path.iterdir()) == []
+
+
+def test_outputs_that_are_folders(tmp_path: Path, tiny_bundle: Path, capsys) -> None:
+    base = ["track", str(BIKES), "--prompt", "person", "--bundle", str(tiny_bundle)]
+    folder = tmp_path / "results"
+    folder.mkdir()
+    err = _run_error([*base, "-o", str(folder)], capsys)
+    assert f"-o {folder} is a folder; give a file name" in err and "suffix" not in err
+    err = _run_error([*base, "-o", str(tmp_path / "o.mp4"), "--json", str(folder)], capsys)
+    assert f"the JSON {folder}: it is a folder; give a file name" in err
+    assert [p.name for p in tmp_path.iterdir()] == ["results"] and not list(folder.iterdir())
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="FIFOs are POSIX-only")
+def test_fifo_input_is_refused(tmp_path: Path) -> None:
+    fifo = tmp_path / "camera.mp4"
+    os.mkfifo(fifo)
+    # A child process with a timeout: a regression (FFmpeg waiting on the FIFO) fails, not hangs.
+    proc = subprocess.run(
+        [sys.executable, "-m", "sam3track.cli", "track", str(fifo), "--prompt", "person",
+         "--bundle", str(tmp_path), "-o", str(tmp_path / "o.mp4")],
+        env=_env(), capture_output=True, text=True, timeout=120,
+    )
+    assert proc.returncode == 2
+    assert proc.stderr == (f"error: {fifo} is not a regular file; pass a video file or a folder "
+                           f"of images\n")
+    assert [p.name for p in tmp_path.iterdir()] == ["camera.mp4"]
+
+
+def test_set_values_are_passed_to_the_bundle_configuration(tmp_path: Path, monkeypatch) -> None:
+    """--set NAME=VALUE reads VALUE as JSON when it parses and hands every pair to load()."""
+    loaded: list[dict] = []
+
+    def load(*args, **overrides):
+        loaded.append(overrides)
+        return _ScriptedPredictor()
+
+    monkeypatch.setattr(sam3track, "load", load)
+    (tmp_path / "bundle").mkdir()
+    assert main(["track", str(BIKES), "--prompt", "person", "--bundle", str(tmp_path / "bundle"),
+                 "-o", str(tmp_path / "o.mp4"), "--max-frames", "2",
+                 "--set", "new_det_thresh=0.6", "--set", "hotstart_delay=0",
+                 "--set", " flag = true", "--set", "mode=fast"]) == 0
+    assert loaded == [{"backend": "onnxruntime", "device": "cpu", "new_det_thresh": 0.6,
+                       "hotstart_delay": 0, "flag": True, "mode": "fast"}]
+
+
+def test_usage_errors_are_one_line(capsys) -> None:
+    for args, culprit in [
+        (["track", str(BIKES), "--prompt", "person", "--set", "no-equals-sign"], "--set"),
+        (["track", str(BIKES), "--prompt", "person", "--set", "=1"], "--set"),
+        (["track", str(BIKES), "--prompt", "person", "--max-frames", "ten"], "--max-frames"),
+        (["track", str(BIKES)], "--prompt"),
+        (["tarck"], "tarck"),
+    ]:
+        err = _run_error(args, capsys)
+        assert culprit in err and "--help" in err
 
 
 # -- info and demo -----------------------------------------------------------------------------

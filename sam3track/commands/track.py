@@ -123,6 +123,9 @@ def _track(
 
         # 3. Outputs, checked before any work so a typo doesn't cost a whole run.
         video_out = Path(output) if output is not None else default_output(video)
+        if video_out.is_dir():  # before the suffix check, whose complaint would mislead
+            raise CliError(f"-o {video_out} is a folder; give a file name, e.g. "
+                           f"{video_out / default_output(video).name}")
         if video_out.suffix.lower() not in VIDEO_SUFFIXES:
             raise CliError(
                 f"cannot write {video_out}: unknown video suffix {video_out.suffix!r}; "
