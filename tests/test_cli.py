@@ -326,6 +326,81 @@ def test_stopped_rerun_keeps_the_complete_outputs(tiny_bundle: Path, tmp_path: P
     _check_interrupted_outputs(tmp_path, stderr)
 
 
+class _FailingSession(_ScriptedSession):
+    """Tracks three frames, then fails like a damaged file would."""
+
+    def propagate(self, direction="forward", start_frame=None, max_frames=None):
+        for n, result in enumerate(super().propagate(direction, start_frame, max_frames)):
+            if n == 3:
+                raise sam3track.VideoError("frame 33 of the test video is damaged")
+            yield result
+
+
+def test_error_after_frames_keeps_them_beside_the_outputs(tmp_path: Path, monkeypatch,
+                                                          capsys) -> None:
+    predictor = _ScriptedPredictor()
+    predictor.start_session = _FailingSession
+    monkeypatch.setattr(sam3track, "load", lambda *args, **kwargs: predictor)
+    (tmp_path / "bundle").mkdir()
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "masks").mkdir()
+    (out / "masks" / "000030.png").write_bytes(b"from an earlier complete run")
+    rc = main(["track", str(BIKES), "--prompt", "person", "--bundle", str(tmp_path / "bundle"),
+               "-o", str(out / "o.mp4"), "--json", str(out / "o.json"),
+               "--masks-dir", str(out / "masks"), "--start-frame", "30", "--max-frames", "10"])
+    assert rc == 2
+    *progress, err = capsys.readouterr().err.rstrip("\n").split("\n")  # the bar, then one line
+    assert err.startswith("error: ") and not any("error" in line for line in progress)
+    assert "frame 33 of the test video is damaged" in err and "3 frames done" in err
+    assert sorted(p.name for p in out.iterdir()) == [
+        "masks", "masks.interrupted", "o.interrupted.json", "o.interrupted.mp4"]
+    assert (out / "masks" / "000030.png").read_bytes() == b"from an earlier complete run"
+    for path in ("o.interrupted.mp4", "o.interrupted.json", "masks.interrupted"):
+        assert str(out / path) in err
+    with open_video(out / "o.interrupted.mp4") as video:
+        assert len(video) == 3
+    doc = json.loads((out / "o.interrupted.json").read_text())
+    assert doc["complete"] is False and doc["num_frames"] == 3
+    assert sorted(p.name for p in (out / "masks.interrupted").iterdir()) == [
+        "000030.png", "000031.png", "000032.png"]
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")
+def test_interrupt_guard_handles_both_signals_and_restores_handlers() -> None:
+    from sam3track.commands.interrupts import InterruptGuard, Interrupted, exit_code_for
+
+    seen: list[int] = []
+
+    def previous(signum, frame):
+        seen.append(signum)
+
+    old = {s: signal.signal(s, previous) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        for signum, code in [(signal.SIGINT, 130), (signal.SIGTERM, 143)]:
+            with InterruptGuard() as guard:
+                with pytest.raises(Interrupted) as raised:
+                    os.kill(os.getpid(), signum)
+                    time.sleep(1)  # the handler runs between bytecodes; this is never reached
+                assert raised.value.signum == signum and exit_code_for(raised.value) == code
+                # Inside an atomic block the signal waits for the block's end.
+                finished = False
+                with pytest.raises(Interrupted):
+                    with guard.atomic():
+                        os.kill(os.getpid(), signum)
+                        finished = True
+                assert finished
+                with guard.finalising():  # ignored while outputs are being closed
+                    os.kill(os.getpid(), signum)
+            assert signal.getsignal(signal.SIGINT) is previous
+            assert signal.getsignal(signal.SIGTERM) is previous
+        assert seen == []  # the guard, not the previous handlers, got every signal
+        assert exit_code_for(KeyboardInterrupt()) == 130  # a plain Ctrl-C with no guard
+    finally:
+        for s, handler in old.items():
+            signal.signal(s, handler)
+
+
 # -- user errors: exit code 2, a message naming the culprit, no traceback ------------------------
 
 
