@@ -110,7 +110,8 @@ def build_parser() -> argparse.ArgumentParser:
     track.add_argument("--masks-dir", type=Path, default=None, metavar="DIR",
                        help="also write one PNG per frame, DIR/<frame:06d>.png, whose pixel value "
                             "is object id + 1 (0 = background; 16-bit when an id exceeds 254); "
-                            "read with cv2.imread(path, cv2.IMREAD_UNCHANGED)")
+                            "read with cv2.imread(path, cv2.IMREAD_UNCHANGED); staged in "
+                            "DIR.partial and moved into DIR when the run completes")
     track.add_argument("--start-frame", type=_int_at_least(0), default=0, metavar="N",
                        help="first frame to process (0-based; default 0)")
     track.add_argument("--max-frames", type=_int_at_least(1), default=None, metavar="N",
