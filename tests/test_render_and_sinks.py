@@ -288,3 +288,19 @@ def test_masks_dir_stale_staging_folder(tmp_path: Path) -> None:
     with pytest.raises(VideoError, match="masks.partial.*did not write"):
         MasksDirSink(out)
     assert (stale / "thesis.tex").read_text() == "precious"
+
+
+def test_masks_dir_given_as_dot(tmp_path: Path, monkeypatch) -> None:
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    with MasksDirSink(".") as sink:
+        sink.write(_result(4))
+        assert (tmp_path / "work.partial" / "000004.png").is_file()  # staged beside the folder
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["work"]
+    assert [p.name for p in work.iterdir()] == ["000004.png"]
+    with pytest.raises(KeyboardInterrupt):
+        with MasksDirSink(".") as sink:
+            sink.write(_result(5))
+            raise KeyboardInterrupt
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["work", "work.interrupted"]

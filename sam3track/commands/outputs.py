@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from sam3track.atomic_files import partial_path
 from sam3track.commands.common import CliError
 from sam3track.sinks import MasksDirSink
 
@@ -50,6 +51,13 @@ def check_masks_dir(path: Path) -> None:
             raise CliError(f"cannot write the masks folder {path}: it is a file, not a folder")
         if not os.access(path, os.W_OK | os.X_OK):
             raise CliError(f"cannot write the masks folder {path}: it is not writable")
+        # The PNGs are staged in a sibling folder, so the parent must take a new folder too.
+        staging = partial_path(path)
+        if not os.access(staging.parent, os.W_OK | os.X_OK):
+            raise CliError(
+                f"cannot write the masks folder {path}: its masks are staged in {staging}, but "
+                f"folder {staging.parent} is not writable; choose a folder whose parent is"
+            )
         return
     existing = _nearest_existing(path)
     if not existing.is_dir():
