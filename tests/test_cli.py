@@ -378,11 +378,13 @@ def test_interrupt_guard_handles_both_signals_and_restores_handlers() -> None:
     old = {s: signal.signal(s, previous) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
         for signum, code in [(signal.SIGINT, 130), (signal.SIGTERM, 143)]:
-            with InterruptGuard() as guard:
+            with InterruptGuard():
                 with pytest.raises(Interrupted) as raised:
                     os.kill(os.getpid(), signum)
                     time.sleep(1)  # the handler runs between bytecodes; this is never reached
                 assert raised.value.signum == signum and exit_code_for(raised.value) == code
+                os.kill(os.getpid(), signum)  # a second one while stopping: ignored
+            with InterruptGuard() as guard:
                 # Inside an atomic block the signal waits for the block's end.
                 finished = False
                 with pytest.raises(Interrupted):
@@ -390,8 +392,11 @@ def test_interrupt_guard_handles_both_signals_and_restores_handlers() -> None:
                         os.kill(os.getpid(), signum)
                         finished = True
                 assert finished
+            with InterruptGuard() as guard:
                 with guard.finalising():  # ignored while outputs are being closed
                     os.kill(os.getpid(), signum)
+                guard.finish()  # and once the work is done
+                os.kill(os.getpid(), signum)
             assert signal.getsignal(signal.SIGINT) is previous
             assert signal.getsignal(signal.SIGTERM) is previous
         assert seen == []  # the guard, not the previous handlers, got every signal

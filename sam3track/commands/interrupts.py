@@ -35,8 +35,9 @@ class InterruptGuard:
 
     A frame is written to the video, the JSON and the masks folder inside one atomic block, so
     an interrupted run leaves every output holding the same frames. A signal arriving inside the
-    block is remembered and raised right after it; while outputs are being finalised
-    (:meth:`finalising`) further signals are ignored so the files are always closed properly.
+    block is remembered and raised right after it. Once a signal has been raised, and while
+    outputs are being finalised (:meth:`finalising`, :meth:`finish`), further signals are
+    ignored, so a second Ctrl-C cannot stop the files from being closed properly.
     Installed only on the main thread (the only one Python delivers signals to); the previous
     handlers come back on exit.
     """
@@ -53,6 +54,7 @@ class InterruptGuard:
         if self._deferring:
             self._pending = signum
             return
+        self._ignoring = True  # the run is stopping now; a second signal must not cut that short
         raise Interrupted(signum)
 
     def __enter__(self) -> "InterruptGuard":
@@ -69,12 +71,13 @@ class InterruptGuard:
 
     @contextmanager
     def _raised(self, flag: str) -> Iterator[None]:
-        """Set the attribute ``flag`` for the duration of the block."""
+        """Set the attribute ``flag`` for the duration of the block (then back as it was)."""
+        before = getattr(self, flag)
         setattr(self, flag, True)
         try:
             yield
         finally:
-            setattr(self, flag, False)
+            setattr(self, flag, before)
 
     @contextmanager
     def atomic(self) -> Iterator[None]:
@@ -82,7 +85,14 @@ class InterruptGuard:
             yield
         if self._pending is not None:
             signum, self._pending = self._pending, None
+            self._ignoring = True
             raise Interrupted(signum)
+
+    def finish(self) -> None:
+        """Ignore signals from now on: the work is done and only finalising is left. Call it as
+        the last statement of the ``try`` whose ``except`` handles :class:`Interrupted`, so no
+        moment is left in which a signal could escape both that handler and the finalising."""
+        self._ignoring = True
 
     def finalising(self) -> AbstractContextManager[None]:
         return self._raised("_ignoring")

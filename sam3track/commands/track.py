@@ -264,6 +264,7 @@ def _propagate(
             bar.update(1)
         if done == 0:
             raise Sam3TrackError(f"the predictor returned no frames for {video} from frame {start}")
+        guard.finish()  # every frame is written: from here on, a signal cannot stop the closing
     except KeyboardInterrupt as e:
         kept = _close_early(guard, bar, sinks, written)
         print(f"interrupted after {done} frames; {_partial_note(kept)}", file=err)
@@ -275,16 +276,16 @@ def _propagate(
         return EXIT_ERROR
     finally:
         if results is not None and hasattr(results, "close"):
-            results.close()
+            with guard.finalising():
+                results.close()
 
-    with guard.finalising():
-        close_bar(bar)
-        try:
-            for sink in sinks:
-                sink.close(complete=True)
-        except (Sam3TrackError, OSError):
-            close_all(sinks, written, complete=False)
-            raise
+    close_bar(bar)
+    try:
+        for sink in sinks:
+            sink.close(complete=True)
+    except (Sam3TrackError, OSError):
+        close_all(sinks, written, complete=False)
+        raise
     elapsed = time.perf_counter() - started
     fps = done / elapsed if elapsed > 0 else float("inf")
     outputs = ", ".join(str(p) + ("/" if p == masks_out else "") for p in written)
