@@ -1,5 +1,12 @@
 """Writing a file under a temporary name and renaming it into place, so that a destination path
-only ever holds a finished file (a crash or Ctrl-C leaves at most ``<name>.partial`` behind)."""
+only ever holds a finished, complete output.
+
+While a run writes, its output lives under ``<name>.partial``. A complete run renames it onto the
+destination; a run stopped early (Ctrl-C, SIGTERM, an error) renames it to
+``<stem>.interrupted<suffix>`` instead, so an earlier complete output under the destination name
+is never replaced by a shorter one. Only a process killed outright (SIGKILL, power loss) leaves a
+``.partial`` behind, and the next run overwrites it.
+"""
 
 from __future__ import annotations
 
@@ -12,24 +19,45 @@ from typing import TypeVar
 _Output = TypeVar("_Output", bound="FinishedOnExit")
 
 
+def _named(path: Path) -> Path:
+    # "." and ".." (a masks folder may be given so) have no name to extend: use the real one.
+    return Path(os.path.abspath(path)) if path.name in ("", "..") else Path(path)
+
+
 def partial_path(path: Path) -> Path:
     """``<name>.partial`` beside ``path``: the same folder, so the final rename is atomic (never
     across disks)."""
+    path = _named(path)
     return path.with_name(path.name + ".partial")
+
+
+def interrupted_path(path: Path) -> Path:
+    """``<stem>.interrupted<suffix>`` beside the file ``path`` (``out.masks.interrupted.mp4``):
+    where a run stopped early leaves what it did; the suffix stays so players still open it."""
+    path = _named(path)
+    return path.with_name(f"{path.stem}.interrupted{path.suffix}")
+
+
+def interrupted_folder(path: Path) -> Path:
+    """``<name>.interrupted`` beside the folder ``path`` (a folder's dots are not a suffix)."""
+    path = _named(path)
+    return path.with_name(path.name + ".interrupted")
 
 
 def finish_partial(
     tmp: Path, path: Path, *, complete: bool, log: logging.Logger, holds: str
 ) -> Path:
-    """Rename the finished ``tmp`` onto ``path`` and return ``path``.
+    """Rename the finished ``tmp`` onto ``path`` (complete) or onto its :func:`interrupted_path`
+    (stopped early, replacing an older one there); returns where it went.
 
-    After an interrupted run (``complete`` false) this logs ``run interrupted: <path> holds the
-    <holds>`` on the caller's ``log``, so the caller (the CLI) can tell those notes apart.
+    After an interrupted run this logs ``run interrupted: <where> holds the <holds>`` on the
+    caller's ``log``, so the caller (the CLI) can tell those notes apart.
     """
-    os.replace(tmp, path)
+    where = path if complete else interrupted_path(path)
+    os.replace(tmp, where)
     if not complete:
-        log.warning("run interrupted: %s holds the %s", path, holds)
-    return path
+        log.warning("run interrupted: %s holds the %s", where, holds)
+    return where
 
 
 def write_bytes_atomic(path: Path, data: bytes) -> None:
@@ -48,8 +76,8 @@ class FinishedOnExit:
     """The ``with`` protocol of an output finished by ``close(complete=...)``.
 
     Leaving the block normally closes it as complete; leaving it by an exception (or Ctrl-C)
-    closes it with ``complete=False``, which keeps what was written and lets the exception
-    through.
+    closes it with ``complete=False``, which keeps what was written under the
+    :func:`interrupted_path` and lets the exception through.
     """
 
     def close(self, complete: bool = True) -> Path | None:

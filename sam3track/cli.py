@@ -1,12 +1,14 @@
 """The ``sam3track`` command: track text prompts through a video, run the demo, inspect a bundle.
 
-    sam3track track VIDEO --prompt TEXT [--prompt TEXT ...] [--bundle DIR] [-o OUT.mp4]
+    sam3track track VIDEO --prompt TEXT [--prompt TEXT ...] --bundle DIR [-o OUT.mp4]
                     [--json OUT.json] [--masks-dir DIR] [--start-frame N] [--max-frames N]
+                    [--keep-timestamps]
     sam3track demo [-o OUT.mp4] [--max-frames N]
     sam3track info BUNDLE
 
-Exit codes: 0 success, 2 bad input (the message on stderr says what and where), 130 interrupted
-(Ctrl-C; the outputs hold the frames finished before it).
+Exit codes: 0 success, 2 bad input (the message on stderr says what and where), 130 / 143
+stopped by Ctrl-C / SIGTERM (the frames finished before it are left beside the outputs under
+``.interrupted`` names; the paths asked for only ever hold complete outputs).
 
 This module parses the command line and dispatches; each subcommand lives in
 :mod:`sam3track.commands` (``track``, ``demo``, ``info``).
@@ -19,6 +21,7 @@ import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import NoReturn
 
 import sam3track
 from sam3track.commands.common import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_OK, CliError
@@ -51,8 +54,15 @@ def _int_at_least(minimum: int):
     return parse
 
 
+class _OneLineErrors(argparse.ArgumentParser):
+    """Usage mistakes reported like every other user error: one ``error:`` line, exit 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_ERROR, f"error: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _OneLineErrors(
         prog="sam3track",
         description="SAM 3 video tracking from exported graphs (no PyTorch at run time).",
         epilog=(
@@ -61,7 +71,8 @@ def build_parser() -> argparse.ArgumentParser:
             "  python -m graphs.export --checkpoint SNAPSHOT --out sam3-bundle\n"
             "  sam3track track video.mp4 --prompt dog --bundle sam3-bundle --json dog.json\n"
             "  sam3track info sam3-bundle\n\n"
-            "exit codes: 0 ok, 2 bad input, 130 interrupted (outputs hold the frames done)"
+            "exit codes: 0 ok, 2 bad input, 130 Ctrl-C / 143 SIGTERM (the frames done are\n"
+            "left beside the outputs as <stem>.interrupted<suffix>; complete outputs are kept)"
         ),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -70,12 +81,17 @@ def build_parser() -> argparse.ArgumentParser:
 
     track = sub.add_parser(
         "track",
+        # --bundle is checked by track itself (to explain how to get one), so argparse would
+        # print it as optional; spell the usage out.
+        usage="%(prog)s VIDEO --prompt TEXT [--prompt TEXT ...] --bundle DIR [options]",
         help="track text prompts through a video and write a mask video (and JSON / PNG masks)",
         description=(
             "Find every object matching the text prompts and track it through the video. Writes "
             "the video with tinted masks, boxes and labels (same size, frame count and timing "
-            "as the input frames processed), plus optional JSON and PNG masks. Ctrl-C stops "
-            "early and keeps valid outputs holding the frames done (exit code 130)."
+            "as the input frames processed), plus optional JSON and PNG masks. Ctrl-C or "
+            "SIGTERM stops early (exit code 130 or 143): the frames done are kept as valid "
+            "outputs named <stem>.interrupted<suffix> (and <dir>.interrupted for --masks-dir) "
+            "beside the paths asked for, which only ever hold complete outputs."
         ),
     )
     track.add_argument("video", type=Path, metavar="VIDEO",
@@ -83,8 +99,8 @@ def build_parser() -> argparse.ArgumentParser:
     track.add_argument("--prompt", "-p", action="append", required=True, metavar="TEXT",
                        help="what to find, e.g. 'person' or 'red car'; repeat for several")
     track.add_argument("--bundle", "-b", type=Path, default=None, metavar="DIR",
-                       help="exported bundle (python -m graphs.export); default: the demo bundle "
-                            "with RANDOM weights, built in the cache on first use")
+                       help="exported bundle (required): python -m graphs.export --checkpoint "
+                            "SNAPSHOT --out DIR; `sam3track demo` shows the machinery without one")
     track.add_argument("-o", "--output", type=Path, default=None, metavar="OUT.mp4",
                        help="mask video to write (.mp4, .m4v, .mov, .mkv); default: "
                             "<video stem>.masks.mp4 next to the input")
@@ -94,11 +110,16 @@ def build_parser() -> argparse.ArgumentParser:
     track.add_argument("--masks-dir", type=Path, default=None, metavar="DIR",
                        help="also write one PNG per frame, DIR/<frame:06d>.png, whose pixel value "
                             "is object id + 1 (0 = background; 16-bit when an id exceeds 254); "
-                            "read with cv2.imread(path, cv2.IMREAD_UNCHANGED)")
+                            "read with cv2.imread(path, cv2.IMREAD_UNCHANGED); staged in "
+                            "DIR.partial and moved into DIR when the run completes")
     track.add_argument("--start-frame", type=_int_at_least(0), default=0, metavar="N",
                        help="first frame to process (0-based; default 0)")
     track.add_argument("--max-frames", type=_int_at_least(1), default=None, metavar="N",
                        help="process at most N frames (default: to the end of the video)")
+    track.add_argument("--keep-timestamps", action="store_true",
+                       help="give the mask video the input's own timestamps (a clip from "
+                            "--start-frame N then starts at frame N's time); default: the first "
+                            "frame written is at 0, spacing unchanged")
     track.add_argument("--backend", default="onnxruntime", metavar="NAME",
                        help="inference backend (default: onnxruntime)")
     track.add_argument("--device", default="cpu", metavar="NAME",

@@ -1,9 +1,11 @@
 """Saving tracking results: a JSON file with COCO RLE masks, or a folder of id-valued PNGs.
 
 Both sinks take one :class:`FrameResult` per :meth:`write` call and are context managers. Both
-are safe to interrupt: the JSON file is built under a temporary name and finalised into valid
-JSON (marked ``"complete": false``) when the run stops early; each PNG is written under a
-temporary name and renamed, so a folder never holds a half-written image.
+are safe to interrupt, and neither ever puts a partial result under the name asked for: the JSON
+file is built under a temporary name and, when the run stops early, finalised into valid JSON
+(marked ``"complete": false``) named ``<stem>.interrupted.json``; the PNGs are written into a
+staging folder ``<dir>.partial``, moved into the folder when the run completes and left as
+``<dir>.interrupted`` when it stops early.
 """
 
 from __future__ import annotations
@@ -12,6 +14,8 @@ import json
 import logging
 import math
 import os
+import re
+import shutil
 import warnings
 from pathlib import Path
 from typing import Any, TextIO
@@ -23,6 +27,7 @@ from pycocotools import mask as mask_utils
 from sam3track.atomic_files import (
     FinishedOnExit,
     finish_partial,
+    interrupted_folder,
     partial_path,
     write_bytes_atomic,
 )
@@ -92,7 +97,9 @@ class JsonSink(FinishedOnExit):
     Frames are appended to ``<name>.partial`` as they come (flushed each time), and ``close``
     closes the list and renames the file onto ``path``. ``close(complete=False)`` (what
     ``__exit__`` does on an exception or Ctrl-C) finalises the same way with
-    ``"complete": false``, so an interrupted run still leaves valid JSON with the frames done.
+    ``"complete": false`` but renames it to ``<stem>.interrupted.json`` beside ``path``, so an
+    interrupted run leaves valid JSON with the frames done and never replaces a complete file
+    at ``path``; with no frame done it leaves nothing.
     """
 
     def __init__(self, path: str | os.PathLike[str], metadata: dict[str, Any] | None = None):
@@ -103,6 +110,7 @@ class JsonSink(FinishedOnExit):
             )
         self._tmp = partial_path(self.path)
         self.frames_written = 0
+        self.result: Path | None = None  # where close() left the file, if anywhere
         self._closed = False
         try:
             self._file: TextIO = open(self._tmp, "w", encoding="utf-8")
@@ -151,8 +159,16 @@ class JsonSink(FinishedOnExit):
         """Finish the JSON and rename it onto :attr:`path`. Returns the path, or None on failure
         of an incomplete close (logged, so the interrupting exception stays the one raised)."""
         if self._closed:
-            return self.path if self.path.exists() else None
+            return self.result
         self._closed = True
+        self.result = self._finish(complete)
+        return self.result
+
+    def _finish(self, complete: bool) -> Path | None:
+        if not complete and self.frames_written == 0:  # an empty file would only mislead
+            self._file.close()
+            self._tmp.unlink(missing_ok=True)
+            return None
         tail = f'\n], "num_frames": {self.frames_written}, "complete": {json.dumps(complete)}}}\n'
         try:
             self._file.write(tail)
@@ -161,10 +177,15 @@ class JsonSink(FinishedOnExit):
             return finish_partial(self._tmp, self.path, complete=complete, log=log, holds=holds)
         except OSError as e:
             self._file.close()
+            self._tmp.unlink(missing_ok=True)
             if complete:
                 raise VideoError(f"cannot finish {self.path}: {e}; check disk space") from e
             log.warning("cannot finish %s after an interruption: %s", self.path, e)
             return None
+
+
+# What the sink itself puts in its staging folder: a stale one holding only these is ours to clear.
+_STAGED_NAME = re.compile(r"\d{6}\.png(\.partial)?")
 
 
 class MasksDirSink(FinishedOnExit):
@@ -175,18 +196,46 @@ class MasksDirSink(FinishedOnExit):
     255 and as 16-bit otherwise; read them with ``cv2.imread(p, cv2.IMREAD_UNCHANGED)`` (or
     PIL), which keeps the values. A value must lie in 1..65535: pass ``id_offset=1`` if object
     ids start at 0, so object 0 is not mistaken for background.
+
+    PNGs are written into the staging folder ``<dir>.partial`` beside ``dir``, so ``dir`` only
+    ever holds the masks of complete runs. ``close()`` moves each PNG into ``dir`` (replacing
+    same-named files, keeping any others); ``close(complete=False)`` (what ``__exit__`` does on
+    an exception or Ctrl-C) renames the staging folder to ``<dir>.interrupted`` instead,
+    replacing an older one, or removes it when no frame was written.
     """
 
     def __init__(self, directory: str | os.PathLike[str], id_offset: int = 0) -> None:
         self.directory = Path(directory)
+        self.staging = partial_path(self.directory)
         self.id_offset = int(id_offset)
         self.frames_written = 0
+        self.result: Path | None = None  # where close() left the PNGs, if anywhere
+        self._closed = False
+        self._clear_stale_staging()
         try:
-            self.directory.mkdir(parents=True, exist_ok=True)
+            self.staging.mkdir(parents=True)
         except OSError as e:
-            raise VideoError(f"cannot create the masks folder {self.directory}: {e}") from e
+            raise VideoError(
+                f"cannot create the staging folder {self.staging} for the masks folder "
+                f"{self.directory}: {e}"
+            ) from e
+
+    def _clear_stale_staging(self) -> None:
+        """Remove the staging folder a killed run left, but never a folder of someone else's."""
+        if not os.path.lexists(self.staging):
+            return
+        if self.staging.is_dir() and not self.staging.is_symlink():
+            names = [p.name for p in self.staging.iterdir()]
+            if all(_STAGED_NAME.fullmatch(name) for name in names):
+                shutil.rmtree(self.staging)
+                return
+        raise VideoError(
+            f"cannot stage the masks for {self.directory} in {self.staging}: it exists and holds "
+            f"files sam3track did not write; move or remove it"
+        )
 
     def path_for(self, frame_index: int) -> Path:
+        """Where frame ``frame_index``'s PNG lands once the run completes."""
         return self.directory / f"{int(frame_index):06d}.png"
 
     def label_image(self, result: FrameResult) -> np.ndarray:
@@ -206,11 +255,14 @@ class MasksDirSink(FinishedOnExit):
         return labels
 
     def write(self, result: FrameResult) -> None:
-        path = self.path_for(result.frame_index)
+        if self._closed:
+            raise VideoError(f"{self.directory} is already closed; open a new MasksDirSink")
+        path = self.staging / self.path_for(result.frame_index).name
         ok, data = cv2.imencode(".png", self.label_image(result))
         if not ok:
             raise VideoError(f"cannot encode the mask PNG for frame {result.frame_index}")
         try:
+            # Atomic even in staging: an interrupted run's folder must hold only whole images.
             write_bytes_atomic(path, data.tobytes())
         except OSError as e:
             raise VideoError(
@@ -218,5 +270,50 @@ class MasksDirSink(FinishedOnExit):
             ) from e
         self.frames_written += 1
 
-    def close(self, complete: bool = True) -> Path:
+    def close(self, complete: bool = True) -> Path | None:
+        """Move the PNGs into :attr:`directory` (complete) or leave them in ``<dir>.interrupted``
+        (stopped early); returns that folder, or None when nothing was kept (incomplete close,
+        which never raises, so the exception that stopped the run is the one seen)."""
+        if self._closed:
+            return self.result
+        self._closed = True
+        if complete:
+            self.result = self._move_into_place()
+            return self.result
+        try:
+            if self.frames_written == 0:
+                shutil.rmtree(self.staging)
+                return None
+            self.result = self._keep_as_interrupted()
+        except OSError as e:
+            log.warning("cannot keep the masks of %s after an interruption: %s", self.directory, e)
+        return self.result
+
+    def _move_into_place(self) -> Path:
+        try:
+            self.directory.mkdir(parents=True, exist_ok=True)
+            for png in sorted(self.staging.glob("*.png")):
+                os.replace(png, self.directory / png.name)
+            self.staging.rmdir()
+        except OSError as e:
+            # Whatever is still staged is complete-run output too: keep it, named as partial.
+            kept = None
+            if self.staging.exists():
+                try:
+                    kept = self._keep_as_interrupted()
+                except OSError:
+                    kept = self.staging
+            where = f"; the masks not moved are in {kept}" if kept is not None else ""
+            raise VideoError(f"cannot move the masks into {self.directory}: {e}{where}") from e
         return self.directory
+
+    def _keep_as_interrupted(self) -> Path:
+        target = interrupted_folder(self.directory)
+        if target.is_dir() and not target.is_symlink():
+            shutil.rmtree(target)  # an older interrupted run's masks: this run's replace them
+        elif os.path.lexists(target):
+            target.unlink()
+        os.replace(self.staging, target)
+        log.warning("run interrupted: %s holds the masks of the %d frames done", target,
+                    self.frames_written)
+        return target

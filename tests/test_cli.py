@@ -78,7 +78,8 @@ def test_track_video_keeps_size_frame_count_and_timing(tracked: dict) -> None:
         got = [f.time for f in out.frames()]
         start = tracked["start"]
         want = [f.time for f in src.frames(start, start + COUNT)]
-        assert got == pytest.approx(want, abs=1e-6)
+        # The clip starts at 0 (no --keep-timestamps); the input's spacing is kept.
+        assert got == pytest.approx([t - want[0] for t in want], abs=1e-6)
     doc = tracked["doc"]
     assert doc["complete"] is True and doc["num_frames"] == len(doc["frames"]) == COUNT
     assert [f["frame_index"] for f in doc["frames"]] == list(range(start, start + COUNT))
@@ -135,8 +136,12 @@ def test_track_video_colours_masks_and_leaves_the_rest(tracked: dict) -> None:
 class _ScriptedSession:
     """Two discs (object ids 0 and 7) drifting right: known masks to check the drawing with."""
 
-    def __init__(self, source: str) -> None:
-        self.reader = open_video(source)
+    def __init__(self, source) -> None:
+        self.owned = isinstance(source, (str, Path))
+        self.reader = open_video(source) if self.owned else source
+
+    def frame(self, index: int) -> np.ndarray:
+        return self.reader.read(index)
 
     def add_prompt(self, frame_index: int = 0, text: str = "") -> None:
         self.text = text
@@ -158,7 +163,8 @@ class _ScriptedSession:
                               [self.text, self.text])
 
     def close(self) -> None:
-        self.reader.close()
+        if self.owned:
+            self.reader.close()
 
     def __enter__(self):
         return self
@@ -168,6 +174,9 @@ class _ScriptedSession:
 
 
 class _ScriptedPredictor:
+    def __init__(self, *args, **overrides) -> None:
+        self.overrides = overrides
+
     def start_session(self, source):
         return _ScriptedSession(source)
 
@@ -229,34 +238,43 @@ def test_track_json_and_pngs_match_the_python_api(tracked: dict, tiny_bundle: Pa
         assert np.array_equal(png.astype(np.int64), want)
 
 
-# -- Ctrl-C ------------------------------------------------------------------------------------
+# -- Ctrl-C and SIGTERM ------------------------------------------------------------------------
 
 
-@pytest.mark.skipif(sys.platform == "win32", reason="SIGINT to a child process is POSIX-only")
-def test_sigint_leaves_valid_partial_outputs(tiny_bundle: Path, tmp_path: Path) -> None:
-    video, doc = tmp_path / "part.mp4", tmp_path / "part.json"
+def _track_args(bundle: Path, out_dir: Path, frames: int = 40) -> list[str]:
+    return ["track", str(BIKES), "--prompt", "person", "--bundle", str(bundle),
+            "-o", str(out_dir / "part.mp4"), "--json", str(out_dir / "part.json"),
+            "--masks-dir", str(out_dir / "masks"), "--max-frames", str(frames)]
+
+
+def _stop_midway(args: list[str], cwd: Path, signum: int) -> tuple[int, str]:
+    """Run ``sam3track`` in a child, send ``signum`` once a few frames are done; (rc, stderr)."""
     proc = subprocess.Popen(
-        [sys.executable, "-m", "sam3track.cli", "track", str(BIKES), "--prompt", "person",
-         "--bundle", str(tiny_bundle), "-o", str(video), "--json", str(doc), "--max-frames", "40"],
-        cwd=tmp_path, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        [sys.executable, "-m", "sam3track.cli", *args],
+        cwd=cwd, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )
-    partial = tmp_path / "part.json.partial"
-    deadline = time.monotonic() + 60
+    partial = cwd / "part.json.partial"
+    deadline = time.monotonic() + 120
     try:
-        # The JSON sink flushes each frame: wait until a few are done, then press Ctrl-C.
+        # The JSON sink flushes each frame: wait until a few are done, then send the signal.
         while time.monotonic() < deadline and proc.poll() is None:
             if partial.exists() and partial.read_text().count('"frame_index"') >= 3:
                 break
             time.sleep(0.005)
-        assert proc.poll() is None, f"the run ended before it could be interrupted:\n{proc.communicate()}"
-        proc.send_signal(signal.SIGINT)
-        stdout, stderr = proc.communicate(timeout=60)
+        assert proc.poll() is None, f"the run ended before it could be stopped:\n{proc.communicate()}"
+        proc.send_signal(signum)
+        _, stderr = proc.communicate(timeout=60)
     finally:
         if proc.poll() is None:
             proc.kill()
-    assert proc.returncode == 130, stderr
-    assert "Traceback" not in stderr
-    assert "interrupted after" in stderr and "partial outputs written to" in stderr
+    return proc.returncode, stderr
+
+
+def _check_interrupted_outputs(out_dir: Path, stderr: str) -> int:
+    """The .interrupted video, JSON and masks folder hold the same frames; their count."""
+    video = out_dir / "part.interrupted.mp4"
+    doc = out_dir / "part.interrupted.json"
+    masks = out_dir / "masks.interrupted"
     with open_video(video) as out:
         n = len(out)
         assert 1 <= n < 40
@@ -264,8 +282,128 @@ def test_sigint_leaves_valid_partial_outputs(tiny_bundle: Path, tmp_path: Path) 
     data = json.loads(doc.read_text())
     assert data["complete"] is False
     assert data["num_frames"] == len(data["frames"]) == n
+    indices = [f["frame_index"] for f in data["frames"]]
+    assert indices == list(range(n))
+    assert sorted(p.name for p in masks.iterdir()) == [f"{i:06d}.png" for i in indices]
     assert f"interrupted after {n} frames" in stderr
-    assert not list(tmp_path.glob("*.partial"))
+    for path in (video, doc, masks):
+        assert str(path) in stderr  # the message says where the partial results are
+    assert not list(out_dir.rglob("*.partial"))  # no temp file or staging folder left
+    return n
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals to a child process")
+@pytest.mark.parametrize(("signum", "code"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)],
+                         ids=["SIGINT", "SIGTERM"])
+def test_signal_leaves_valid_partial_outputs(
+    tiny_bundle: Path, tmp_path: Path, signum: int, code: int
+) -> None:
+    rc, stderr = _stop_midway(_track_args(tiny_bundle, tmp_path), tmp_path, signum)
+    assert rc == code, stderr
+    assert "Traceback" not in stderr
+    _check_interrupted_outputs(tmp_path, stderr)
+    # Nothing under the names asked for: they only ever hold complete outputs.
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "masks.interrupted", "part.interrupted.json", "part.interrupted.mp4"]
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals to a child process")
+def test_stopped_rerun_keeps_the_complete_outputs(tiny_bundle: Path, tmp_path: Path) -> None:
+    args = _track_args(tiny_bundle, tmp_path)
+    proc = subprocess.run([sys.executable, "-m", "sam3track.cli", *args], cwd=tmp_path,
+                          env=_env(), capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    finals = [tmp_path / "part.mp4", tmp_path / "part.json",
+              *sorted((tmp_path / "masks").iterdir())]
+    assert len(finals) == 2 + 40
+    before = {p: p.read_bytes() for p in finals}
+
+    rc, stderr = _stop_midway(args, tmp_path, signal.SIGINT)
+    assert rc == 130, stderr
+    assert {p: p.read_bytes() for p in finals} == before  # byte for byte
+    assert len(list((tmp_path / "masks").iterdir())) == 40
+    assert json.loads((tmp_path / "part.json").read_text())["complete"] is True
+    _check_interrupted_outputs(tmp_path, stderr)
+
+
+class _FailingSession(_ScriptedSession):
+    """Tracks three frames, then fails like a damaged file would."""
+
+    def propagate(self, direction="forward", start_frame=None, max_frames=None):
+        for n, result in enumerate(super().propagate(direction, start_frame, max_frames)):
+            if n == 3:
+                raise sam3track.VideoError("frame 33 of the test video is damaged")
+            yield result
+
+
+def test_error_after_frames_keeps_them_beside_the_outputs(tmp_path: Path, monkeypatch,
+                                                          capsys) -> None:
+    predictor = _ScriptedPredictor()
+    predictor.start_session = _FailingSession
+    monkeypatch.setattr(sam3track, "load", lambda *args, **kwargs: predictor)
+    (tmp_path / "bundle").mkdir()
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "masks").mkdir()
+    (out / "masks" / "000030.png").write_bytes(b"from an earlier complete run")
+    rc = main(["track", str(BIKES), "--prompt", "person", "--bundle", str(tmp_path / "bundle"),
+               "-o", str(out / "o.mp4"), "--json", str(out / "o.json"),
+               "--masks-dir", str(out / "masks"), "--start-frame", "30", "--max-frames", "10"])
+    assert rc == 2
+    *progress, err = capsys.readouterr().err.rstrip("\n").split("\n")  # the bar, then one line
+    assert err.startswith("error: ") and not any("error" in line for line in progress)
+    assert "frame 33 of the test video is damaged" in err and "3 frames done" in err
+    assert sorted(p.name for p in out.iterdir()) == [
+        "masks", "masks.interrupted", "o.interrupted.json", "o.interrupted.mp4"]
+    assert (out / "masks" / "000030.png").read_bytes() == b"from an earlier complete run"
+    for path in ("o.interrupted.mp4", "o.interrupted.json", "masks.interrupted"):
+        assert str(out / path) in err
+    with open_video(out / "o.interrupted.mp4") as video:
+        assert len(video) == 3
+    doc = json.loads((out / "o.interrupted.json").read_text())
+    assert doc["complete"] is False and doc["num_frames"] == 3
+    assert sorted(p.name for p in (out / "masks.interrupted").iterdir()) == [
+        "000030.png", "000031.png", "000032.png"]
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")
+def test_interrupt_guard_handles_both_signals_and_restores_handlers() -> None:
+    from sam3track.commands.interrupts import InterruptGuard, Interrupted, exit_code_for
+
+    seen: list[int] = []
+
+    def previous(signum, frame):
+        seen.append(signum)
+
+    old = {s: signal.signal(s, previous) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        for signum, code in [(signal.SIGINT, 130), (signal.SIGTERM, 143)]:
+            with InterruptGuard():
+                with pytest.raises(Interrupted) as raised:
+                    os.kill(os.getpid(), signum)
+                    time.sleep(1)  # the handler runs between bytecodes; this is never reached
+                assert raised.value.signum == signum and exit_code_for(raised.value) == code
+                os.kill(os.getpid(), signum)  # a second one while stopping: ignored
+            with InterruptGuard() as guard:
+                # Inside an atomic block the signal waits for the block's end.
+                finished = False
+                with pytest.raises(Interrupted):
+                    with guard.atomic():
+                        os.kill(os.getpid(), signum)
+                        finished = True
+                assert finished
+            with InterruptGuard() as guard:
+                with guard.finalising():  # ignored while outputs are being closed
+                    os.kill(os.getpid(), signum)
+                guard.finish()  # and once the work is done
+                os.kill(os.getpid(), signum)
+            assert signal.getsignal(signal.SIGINT) is previous
+            assert signal.getsignal(signal.SIGTERM) is previous
+        assert seen == []  # the guard, not the previous handlers, got every signal
+        assert exit_code_for(KeyboardInterrupt()) == 130  # a plain Ctrl-C with no guard
+    finally:
+        for s, handler in old.items():
+            signal.signal(s, handler)
 
 
 # -- user errors: exit code 2, a message naming the culprit, no traceback ------------------------
@@ -275,7 +413,7 @@ def _run_error(args: list[str], capsys) -> str:
     rc = main(args)
     captured = capsys.readouterr()
     assert rc == 2, captured
-    assert "Traceback" not in captured.err
+    assert captured.err.startswith("error: ") and captured.err.count("\n") == 1, captured.err
     return captured.err
 
 
@@ -348,6 +486,124 @@ def test_errors_through_the_real_entry_point(tmp_path: Path) -> None:
     assert proc.returncode == 2
     assert proc.stderr.startswith("error: ") and "nope.mp4" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_each_frame_is_decoded_once(tiny_bundle: Path, tmp_path: Path, monkeypatch) -> None:
+    """The session decodes a frame to track it; the drawing must reuse it, not decode again."""
+    from collections import Counter
+
+    from sam3track.video.random_access import DecodeCursor
+
+    decoded: Counter[int] = Counter()
+    frame_at = DecodeCursor.frame_at
+
+    def counting(self, target: int):
+        decoded[target] += 1
+        return frame_at(self, target)
+
+    monkeypatch.setattr(DecodeCursor, "frame_at", counting)
+    start, count = 30, 12
+    assert main(["track", str(BIKES), "--prompt", "person", "--bundle", str(tiny_bundle),
+                 "-o", str(tmp_path / "o.mp4"), "--start-frame", str(start),
+                 "--max-frames", str(count)]) == 0
+    # Frame 0 once when the video is opened (to fail early on an undecodable file), then each
+    # tracked frame exactly once.
+    assert decoded == Counter({0: 1, **{i: 1 for i in range(start, start + count)}})
+    with open_video(tmp_path / "o.mp4") as out:
+        assert len(out) == count
+
+
+@pytest.mark.parametrize("keep", [False, True], ids=["from-zero", "keep-timestamps"])
+def test_clip_timestamps(tmp_path: Path, monkeypatch, keep: bool) -> None:
+    monkeypatch.setattr(sam3track, "load", _ScriptedPredictor)
+    (tmp_path / "bundle").mkdir()
+    start, count = 76, 8
+    video, doc = tmp_path / "clip.mp4", tmp_path / "clip.json"
+    args = ["track", str(BIKES), "--prompt", "person", "--bundle", str(tmp_path / "bundle"),
+            "-o", str(video), "--json", str(doc), "--start-frame", str(start),
+            "--max-frames", str(count)]
+    assert main(args + (["--keep-timestamps"] if keep else [])) == 0
+    with open_video(BIKES) as src:
+        source_times = [src.pts(i) * src.time_base for i in range(start, start + count)]
+    with open_video(video) as out:
+        times = [out.pts(i) * out.time_base for i in range(len(out))]
+        assert [f.time for f in out.frames()] == pytest.approx([float(t) for t in times])
+    assert source_times[0] > 3  # frame 76 of a 25 fps video: a start worth shifting
+    assert times[0] == (source_times[0] if keep else 0)
+    assert [t - times[0] for t in times] == [t - source_times[0] for t in source_times]
+    assert json.loads(doc.read_text())["metadata"]["keep_timestamps"] is keep
+
+
+def test_track_needs_a_bundle(tmp_path: Path, monkeypatch, capsys) -> None:
+    import sam3track.demo
+
+    def no_demo(*args, **kwargs):
+        raise AssertionError("track must not fall back to the random-weights demo bundle")
+
+    monkeypatch.setattr(sam3track.demo, "demo_bundle_path", no_demo)
+    err = _run_error(["track", str(BIKES), "--prompt", "person", "-o", str(tmp_path / "o.mp4")],
+                     capsys)
+    assert "--bundle" in err and "required" in err
+    assert "python -m graphs.export --checkpoint SNAPSHOT --out BUNDLE" in err
+    assert "sam3track demo" in err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_outputs_that_are_folders(tmp_path: Path, tiny_bundle: Path, capsys) -> None:
+    base = ["track", str(BIKES), "--prompt", "person", "--bundle", str(tiny_bundle)]
+    folder = tmp_path / "results"
+    folder.mkdir()
+    err = _run_error([*base, "-o", str(folder)], capsys)
+    assert f"-o {folder} is a folder; give a file name" in err and "suffix" not in err
+    err = _run_error([*base, "-o", str(tmp_path / "o.mp4"), "--json", str(folder)], capsys)
+    assert f"the JSON {folder}: it is a folder; give a file name" in err
+    assert [p.name for p in tmp_path.iterdir()] == ["results"] and not list(folder.iterdir())
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="FIFOs are POSIX-only")
+def test_fifo_input_is_refused(tmp_path: Path) -> None:
+    fifo = tmp_path / "camera.mp4"
+    os.mkfifo(fifo)
+    # A child process with a timeout: a regression (FFmpeg waiting on the FIFO) fails, not hangs.
+    proc = subprocess.run(
+        [sys.executable, "-m", "sam3track.cli", "track", str(fifo), "--prompt", "person",
+         "--bundle", str(tmp_path), "-o", str(tmp_path / "o.mp4")],
+        env=_env(), capture_output=True, text=True, timeout=120,
+    )
+    assert proc.returncode == 2
+    assert proc.stderr == (f"error: {fifo} is not a regular file; pass a video file or a folder "
+                           f"of images\n")
+    assert [p.name for p in tmp_path.iterdir()] == ["camera.mp4"]
+
+
+def test_set_values_are_passed_to_the_bundle_configuration(tmp_path: Path, monkeypatch) -> None:
+    """--set NAME=VALUE reads VALUE as JSON when it parses and hands every pair to load()."""
+    loaded: list[dict] = []
+
+    def load(*args, **overrides):
+        loaded.append(overrides)
+        return _ScriptedPredictor()
+
+    monkeypatch.setattr(sam3track, "load", load)
+    (tmp_path / "bundle").mkdir()
+    assert main(["track", str(BIKES), "--prompt", "person", "--bundle", str(tmp_path / "bundle"),
+                 "-o", str(tmp_path / "o.mp4"), "--max-frames", "2",
+                 "--set", "new_det_thresh=0.6", "--set", "hotstart_delay=0",
+                 "--set", " flag = true", "--set", "mode=fast"]) == 0
+    assert loaded == [{"backend": "onnxruntime", "device": "cpu", "new_det_thresh": 0.6,
+                       "hotstart_delay": 0, "flag": True, "mode": "fast"}]
+
+
+def test_usage_errors_are_one_line(capsys) -> None:
+    for args, culprit in [
+        (["track", str(BIKES), "--prompt", "person", "--set", "no-equals-sign"], "--set"),
+        (["track", str(BIKES), "--prompt", "person", "--set", "=1"], "--set"),
+        (["track", str(BIKES), "--prompt", "person", "--max-frames", "ten"], "--max-frames"),
+        (["track", str(BIKES)], "--prompt"),
+        (["tarck"], "tarck"),
+    ]:
+        err = _run_error(args, capsys)
+        assert culprit in err and "--help" in err
 
 
 # -- info and demo -----------------------------------------------------------------------------

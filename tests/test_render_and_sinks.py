@@ -143,11 +143,35 @@ def test_json_sink_interrupted_is_still_valid(tmp_path: Path) -> None:
             sink.write(_result(0))
             sink.write(_result(1))
             raise KeyboardInterrupt
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["tracks.json"]
-    data = json.loads(path.read_text())
+    # Beside the name asked for, never under it; no temp file left.
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["tracks.interrupted.json"]
+    assert sink.close(complete=False) == tmp_path / "tracks.interrupted.json"
+    data = json.loads((tmp_path / "tracks.interrupted.json").read_text())
     assert data["complete"] is False and data["num_frames"] == 2
     assert [f["frame_index"] for f in data["frames"]] == [0, 1]
     assert np.array_equal(decode_rle(data["frames"][1]["objects"][1]), _result().masks[1])
+
+
+def test_json_sink_interrupted_keeps_the_complete_file(tmp_path: Path) -> None:
+    path = tmp_path / "tracks.json"
+    with JsonSink(path) as sink:
+        for i in range(3):
+            sink.write(_result(i))
+    complete = path.read_bytes()
+    for frames in (2, 1):  # a later interrupted run replaces an earlier one's leftovers
+        with pytest.raises(RuntimeError):
+            with JsonSink(path) as sink:
+                for i in range(frames):
+                    sink.write(_result(i))
+                raise RuntimeError("disk full")
+    assert path.read_bytes() == complete
+    assert json.loads((tmp_path / "tracks.interrupted.json").read_text())["num_frames"] == 1
+    # Stopped before any frame: nothing is written, and the older leftovers stay as they were.
+    with pytest.raises(KeyboardInterrupt):
+        with JsonSink(path):
+            raise KeyboardInterrupt
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["tracks.interrupted.json", "tracks.json"]
+    assert json.loads((tmp_path / "tracks.interrupted.json").read_text())["num_frames"] == 1
 
 
 def test_json_sink_non_finite_values_stay_valid_json(tmp_path: Path) -> None:
@@ -187,10 +211,10 @@ def test_masks_dir_pixel_values_are_object_ids(tmp_path: Path) -> None:
 
 
 def test_masks_dir_uint16_and_id_zero(tmp_path: Path) -> None:
-    sink = MasksDirSink(tmp_path)
+    sink = MasksDirSink(tmp_path / "masks")
     res = _result(0, ids=(300, 70000 - 69999))  # 300 and 1
     sink.write(res)
-    img = _read_png(tmp_path / "000000.png")
+    img = _read_png(tmp_path / "masks.partial" / "000000.png")  # staged until the run ends
     assert img.dtype == np.uint16
     assert (img[res.masks[0] & ~res.masks[1]] == 300).all() and (img[res.masks[1]] == 1).all()
 
@@ -198,7 +222,85 @@ def test_masks_dir_uint16_and_id_zero(tmp_path: Path) -> None:
         sink.write(_result(1, ids=(0, 5)))
     shifted = MasksDirSink(tmp_path / "shifted", id_offset=1)
     shifted.write(_result(1, ids=(0, 5)))
+    shifted.close()
     img = _read_png(tmp_path / "shifted" / "000001.png")
     assert set(np.unique(img).tolist()) == {0, 1, 6}
     with pytest.raises(VideoError, match="65535"):
         sink.write(_result(2, ids=(70000,)))
+
+
+def test_masks_dir_is_staged_and_keeps_unrelated_files(tmp_path: Path) -> None:
+    out = tmp_path / "masks"
+    out.mkdir()
+    (out / "notes.txt").write_text("mine")
+    (out / "000005.png").write_bytes(b"an older run's mask")
+    with MasksDirSink(out) as sink:
+        sink.write(_result(5))
+        sink.write(_result(6))
+        # Nothing lands in the folder asked for before the run completes.
+        assert sorted(p.name for p in out.iterdir()) == ["000005.png", "notes.txt"]
+        assert sorted(p.name for p in (tmp_path / "masks.partial").iterdir()) == [
+            "000005.png", "000006.png"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["masks"]  # staging folder gone
+    assert sorted(p.name for p in out.iterdir()) == ["000005.png", "000006.png", "notes.txt"]
+    assert (out / "notes.txt").read_text() == "mine"
+    assert _read_png(out / "000005.png").max() == 25  # replaced by this run's mask
+
+
+def test_masks_dir_interrupted_goes_beside_the_folder(tmp_path: Path) -> None:
+    out = tmp_path / "masks"
+    with MasksDirSink(out) as sink:
+        for i in range(3):
+            sink.write(_result(i))
+    complete = {p.name: p.read_bytes() for p in out.iterdir()}
+    for frames in (2, 1):  # a later interrupted run replaces an earlier one's folder
+        with pytest.raises(KeyboardInterrupt):
+            with MasksDirSink(out) as sink:
+                for i in range(frames):
+                    sink.write(_result(i, ids=(9,)))
+                raise KeyboardInterrupt
+        assert sink.close(complete=False) == tmp_path / "masks.interrupted"
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == complete
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["masks", "masks.interrupted"]
+    kept = tmp_path / "masks.interrupted"
+    assert [p.name for p in kept.iterdir()] == ["000000.png"]
+    assert set(np.unique(_read_png(kept / "000000.png"))) == {0, 9}
+    # Stopped before any frame: the staging folder goes, older leftovers stay.
+    with pytest.raises(KeyboardInterrupt):
+        with MasksDirSink(out):
+            raise KeyboardInterrupt
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["masks", "masks.interrupted"]
+
+
+def test_masks_dir_stale_staging_folder(tmp_path: Path) -> None:
+    out = tmp_path / "masks"
+    stale = tmp_path / "masks.partial"
+    stale.mkdir()
+    (stale / "000001.png").write_bytes(b"left by a killed run")
+    (stale / "000002.png.partial").write_bytes(b"half")
+    with MasksDirSink(out) as sink:
+        sink.write(_result(3))
+    assert sorted(p.name for p in out.iterdir()) == ["000003.png"]  # the stale ones are gone
+    assert not stale.exists()
+    # A folder of that name holding anything else is not ours to delete.
+    stale.mkdir()
+    (stale / "thesis.tex").write_text("precious")
+    with pytest.raises(VideoError, match="masks.partial.*did not write"):
+        MasksDirSink(out)
+    assert (stale / "thesis.tex").read_text() == "precious"
+
+
+def test_masks_dir_given_as_dot(tmp_path: Path, monkeypatch) -> None:
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    with MasksDirSink(".") as sink:
+        sink.write(_result(4))
+        assert (tmp_path / "work.partial" / "000004.png").is_file()  # staged beside the folder
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["work"]
+    assert [p.name for p in work.iterdir()] == ["000004.png"]
+    with pytest.raises(KeyboardInterrupt):
+        with MasksDirSink(".") as sink:
+            sink.write(_result(5))
+            raise KeyboardInterrupt
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["work", "work.interrupted"]

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import hashlib
+import os
+import subprocess
+import sys
 from fractions import Fraction
 from pathlib import Path
 
@@ -150,11 +153,34 @@ def test_interrupted_writer_leaves_valid_shorter_video(
                 raise interrupt("stopped by the user")
         times = [r.pts(i) * r.time_base for i in range(7)]
     assert w.completed is False
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["partial.mp4"]  # no temp file left
-    with open_video(out) as o:
-        assert len(o) == _demux_count(out) == 7
+    kept = tmp_path / "partial.interrupted.mp4"
+    assert w.result == w.close(complete=False) == kept  # closing again changes nothing
+    # Only the interrupted name: nothing under the name asked for, no temp file left.
+    assert sorted(p.name for p in tmp_path.iterdir()) == [kept.name]
+    with open_video(kept) as o:
+        assert len(o) == _demux_count(kept) == 7
         assert _times(o) == times
         assert len(list(o.frames())) == 7
+
+
+def test_interrupted_writer_never_replaces_a_complete_video(tmp_path: Path) -> None:
+    out = tmp_path / "clip.masks.mp4"
+    with open_video(BIKES) as r:
+        with MaskVideoWriter.like(out, r) as w:
+            for f in r.frames(stop=5):
+                w.write(f.rgb, f.pts, f.time_base)
+        complete = out.read_bytes()
+        for attempt in range(2):  # the second interrupted run replaces the first one's leftovers
+            with pytest.raises(KeyboardInterrupt):
+                with MaskVideoWriter.like(out, r) as w:
+                    for f in r.frames(stop=2 + attempt):
+                        w.write(f.rgb, f.pts, f.time_base)
+                    raise KeyboardInterrupt
+    assert out.read_bytes() == complete
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "clip.masks.interrupted.mp4", "clip.masks.mp4"]
+    with open_video(tmp_path / "clip.masks.interrupted.mp4") as o:
+        assert len(o) == 3
 
 
 def test_writer_with_no_frames(tmp_path: Path) -> None:
@@ -345,6 +371,36 @@ def test_audio_only_file_has_no_video_stream(tmp_path: Path) -> None:
 def test_directory_passed_to_open_video(tmp_path: Path) -> None:
     with pytest.raises(VideoError, match="open_image_folder"):
         open_video(tmp_path)
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="FIFOs are POSIX-only")
+def test_fifo_or_device_is_refused_not_waited_on(tmp_path: Path) -> None:
+    # FFmpeg would block forever opening a FIFO nobody writes to, so open in a child process:
+    # a regression fails on the timeout instead of hanging the test run.
+    fifo = tmp_path / "pipe.mp4"
+    os.mkfifo(fifo)
+    script = (
+        "import sys\n"
+        "from sam3track.errors import VideoError\n"
+        "from sam3track.video import open_source, open_video\n"
+        "for opener in (open_source, open_video):\n"
+        "    for path in sys.argv[1:]:\n"
+        "        try:\n"
+        "            opener(path)\n"
+        "        except VideoError as e:\n"
+        "            print(e)\n"
+    )
+    env = dict(os.environ)
+    repo = str(Path(__file__).resolve().parents[1])
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (repo, env.get("PYTHONPATH")) if p)
+    paths = [str(fifo)] + (["/dev/zero"] if Path("/dev/zero").exists() else [])
+    proc = subprocess.run([sys.executable, "-c", script, *paths], env=env, capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert len(lines) == 2 * len(paths)
+    for line, path in zip(lines, paths * 2):
+        assert line == f"{path} is not a regular file; pass a video file or a folder of images"
 
 
 def test_closed_reader(tmp_path: Path) -> None:

@@ -6,7 +6,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from sam3track.commands.common import EXIT_ERROR, EXIT_INTERRUPTED, print_error
+from sam3track.commands.common import EXIT_ERROR, print_error
+from sam3track.commands.interrupts import InterruptGuard, exit_code_for
 from sam3track.commands.track import run_track
 from sam3track.errors import Sam3TrackError
 
@@ -43,13 +44,14 @@ def cmd_demo(args: argparse.Namespace) -> int:
     try:
         from sam3track.demo import demo_bundle_path
 
-        bundle = demo_bundle_path(log=lambda line: print(line, file=sys.stderr))
+        with InterruptGuard():  # SIGTERM too stops the build cleanly, like Ctrl-C
+            bundle = demo_bundle_path(log=lambda line: print(line, file=sys.stderr))
     except Sam3TrackError as e:
         print_error(str(e))
         return EXIT_ERROR
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as e:
         print("interrupted while building the demo bundle; nothing written", file=sys.stderr)
-        return EXIT_INTERRUPTED
+        return exit_code_for(e)
     print(f"tracking {', '.join(repr(p) for p in DEMO_PROMPTS)} in {clip} "
           f"({args.max_frames} frames from frame {DEMO_START_FRAME}) with {bundle}; hotstart removal off",
           flush=True)

@@ -9,8 +9,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from sam3track.atomic_files import partial_path
 from sam3track.commands.common import CliError
-from sam3track.sinks import JsonSink, MasksDirSink
+from sam3track.sinks import MasksDirSink
 
 # ------------------------------------------------------------------------------------------
 # Checking outputs before any work is done
@@ -50,6 +51,13 @@ def check_masks_dir(path: Path) -> None:
             raise CliError(f"cannot write the masks folder {path}: it is a file, not a folder")
         if not os.access(path, os.W_OK | os.X_OK):
             raise CliError(f"cannot write the masks folder {path}: it is not writable")
+        # The PNGs are staged in a sibling folder, so the parent must take a new folder too.
+        staging = partial_path(path)
+        if not os.access(staging.parent, os.W_OK | os.X_OK):
+            raise CliError(
+                f"cannot write the masks folder {path}: its masks are staged in {staging}, but "
+                f"folder {staging.parent} is not writable; choose a folder whose parent is"
+            )
         return
     existing = _nearest_existing(path)
     if not existing.is_dir():
@@ -89,13 +97,11 @@ def _drop_interrupt_notes(record: logging.LogRecord) -> bool:
     return not str(record.msg).startswith("run interrupted")
 
 
-def close_all(
-    sinks: list[Any], paths: list[Path], complete: bool, frames_done: int
-) -> list[str]:
-    """Close every sink (never raising); the paths that hold something afterwards.
+def close_all(sinks: list[Any], paths: list[Path], complete: bool) -> list[str]:
+    """Close every sink (never raising); where each output that holds something ended up.
 
-    With no frame done, the JSON (valid but empty) is removed like the video, which the writer
-    never creates without a frame, so a run stopped early leaves no empty outputs behind.
+    After a run stopped early that is each output's ``.interrupted`` name (an output with no
+    frame done leaves nothing), so the outputs under the names asked for are never touched.
     """
     kept = []
     loggers = [logging.getLogger(name) for name in ("sam3track.video.writer", "sam3track.sinks")]
@@ -108,12 +114,8 @@ def close_all(
             except Exception as e:  # finalising one output must not stop the others
                 print(f"warning: could not finish {path}: {e}", file=sys.stderr)
                 continue
-            if frames_done == 0 or getattr(sink, "frames_written", 1) == 0:
-                if isinstance(sink, JsonSink) and result is not None:
-                    Path(result).unlink(missing_ok=True)
-                continue
             if result is not None and Path(result).exists():
-                kept.append(str(path) + ("/" if isinstance(sink, MasksDirSink) else ""))
+                kept.append(str(result) + ("/" if isinstance(sink, MasksDirSink) else ""))
     finally:
         for logger in loggers:
             logger.removeFilter(_drop_interrupt_notes)

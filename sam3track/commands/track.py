@@ -13,8 +13,8 @@ from typing import Any, TextIO
 from tqdm import tqdm
 
 import sam3track
-from sam3track.commands.common import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_OK, CliError
-from sam3track.commands.interrupts import InterruptGuard
+from sam3track.commands.common import EXIT_ERROR, EXIT_OK, CliError
+from sam3track.commands.interrupts import InterruptGuard, exit_code_for
 from sam3track.commands.outputs import (
     check_masks_dir,
     check_output_file,
@@ -45,13 +45,16 @@ def run_track(
     backend: str = "onnxruntime",
     device: str = "cpu",
     overrides: dict | None = None,
+    keep_timestamps: bool = False,
     stdout: TextIO | None = None,
     stderr: TextIO | None = None,
 ) -> int:
     """Track ``prompts`` through ``video`` and write the outputs; returns the exit code.
 
     User errors (:class:`Sam3TrackError`, and OSError on outputs) are printed as
-    ``error: <message>`` and give 2; a Ctrl-C gives 130 after finalising partial outputs.
+    ``error: <message>`` and give 2. A Ctrl-C (SIGINT) or SIGTERM gives 128 + the signal number
+    (130, 143) after leaving the frames done beside the outputs, under ``.interrupted`` names.
+    The mask video starts at time 0 unless ``keep_timestamps`` keeps the input's own times.
     """
     out = stdout or sys.stdout
     err = stderr or sys.stderr
@@ -59,11 +62,12 @@ def run_track(
         with InterruptGuard() as guard:
             return _track(
                 guard, Path(video), list(prompts), bundle, output, json_path, masks_dir,
-                start_frame, max_frames, backend, device, overrides or {}, out, err,
+                start_frame, max_frames, backend, device, overrides or {}, keep_timestamps,
+                out, err,
             )
-    except KeyboardInterrupt:  # before any output was opened
+    except KeyboardInterrupt as e:  # before any output was opened
         print("interrupted before any frame was processed; no outputs written", file=err)
-        return EXIT_INTERRUPTED
+        return exit_code_for(e)
     except (Sam3TrackError, OSError) as e:
         print(f"error: {e}", file=err)
         return EXIT_ERROR
@@ -82,10 +86,19 @@ def _track(
     backend: str,
     device: str,
     overrides: dict,
+    keep_timestamps: bool,
     out: TextIO,
     err: TextIO,
 ) -> int:
     # 1. Arguments that need no file access.
+    if bundle is None:
+        # The demo bundle has random weights: tracking with it silently would look like a
+        # model that finds nothing, so a real bundle must be asked for by name.
+        raise CliError(
+            "--bundle DIR is required: export a checkpoint with python -m graphs.export "
+            "--checkpoint SNAPSHOT --out BUNDLE, or run `sam3track demo` to see the machinery "
+            "with random weights"
+        )
     if not prompts:
         raise CliError("give at least one --prompt TEXT (e.g. --prompt person)")
     for text in prompts:
@@ -96,7 +109,8 @@ def _track(
     if start_frame < 0:
         raise CliError(f"--start-frame must be 0 or more, got {start_frame}")
 
-    # 2. The input video (missing, not a video, no frames, undecodable: VideoError here).
+    # 2. The input video (missing, not a video, no frames, undecodable: VideoError here). It is
+    # opened once: the session decodes each frame and the drawing reuses it from its cache.
     reader = open_source(video)
     try:
         n_frames = len(reader)
@@ -109,6 +123,9 @@ def _track(
 
         # 3. Outputs, checked before any work so a typo doesn't cost a whole run.
         video_out = Path(output) if output is not None else default_output(video)
+        if video_out.is_dir():  # before the suffix check, whose complaint would mislead
+            raise CliError(f"-o {video_out} is a folder; give a file name, e.g. "
+                           f"{video_out / default_output(video).name}")
         if video_out.suffix.lower() not in VIDEO_SUFFIXES:
             raise CliError(
                 f"cannot write {video_out}: unknown video suffix {video_out.suffix!r}; "
@@ -131,25 +148,15 @@ def _track(
                 if same_file(a, b):
                     raise CliError(f"{flag_a} and {flag_b} both name {a}; give them different paths")
 
-        # 4. The bundle (the demo bundle, built on first use, when none is given).
-        if bundle is None:
-            from sam3track.demo import demo_bundle_path
-
-            bundle_dir = demo_bundle_path(log=lambda line: print(line, file=err))
-            print(
-                f"note: no --bundle given; using the demo bundle {bundle_dir}, which has RANDOM "
-                f"weights (the masks show the machinery, not the model); see `sam3track demo`",
-                file=err,
+        # 4. The bundle.
+        bundle_dir = Path(bundle)
+        if not bundle_dir.exists():
+            raise CliError(
+                f"bundle folder not found: {bundle_dir}; export one with "
+                f"python -m graphs.export --checkpoint SNAPSHOT --out {bundle_dir}"
             )
-        else:
-            bundle_dir = Path(bundle)
-            if not bundle_dir.exists():
-                raise CliError(
-                    f"bundle folder not found: {bundle_dir}; export one with "
-                    f"python -m graphs.export --checkpoint SNAPSHOT --out {bundle_dir}"
-                )
-            if not bundle_dir.is_dir():
-                raise CliError(f"--bundle {bundle_dir} is a file; pass the bundle's folder")
+        if not bundle_dir.is_dir():
+            raise CliError(f"--bundle {bundle_dir} is a file; pass the bundle's folder")
         try:
             predictor = sam3track.load(bundle_dir, backend=backend, device=device, **overrides)
         except (Sam3TrackError, KeyboardInterrupt):
@@ -160,12 +167,12 @@ def _track(
                 f"{type(e).__name__}: {e}"
             ) from e
         try:
-            with predictor.start_session(str(video)) as session:
+            with predictor.start_session(reader) as session:  # the session does not close it
                 for text in prompts:
                     session.add_prompt(frame_index=start_frame, text=text)
                 return _propagate(
                     guard, session, reader, video, prompts, start_frame, stop, max_frames,
-                    video_out, json_out, masks_out, bundle_dir, out, err,
+                    video_out, json_out, masks_out, bundle_dir, keep_timestamps, out, err,
                 )
         finally:
             predictor.close()
@@ -186,6 +193,7 @@ def _propagate(
     json_out: Path | None,
     masks_out: Path | None,
     bundle_dir: Path,
+    keep_timestamps: bool,
     out: TextIO,
     err: TextIO,
 ) -> int:
@@ -194,8 +202,10 @@ def _propagate(
     done = 0
     seen: set[int] = set()
     bar = None
-    frames = None
     results = None
+    # A clip cut from a longer video starts at 0 like any video, unless the user wants the
+    # source's clock (to line the masks up with the original); spacing is kept either way.
+    pts_offset = 0 if keep_timestamps else reader.pts(start)
     started = time.perf_counter()
     try:
         writer = MaskVideoWriter.like(video_out, reader)
@@ -212,6 +222,7 @@ def _propagate(
                 "width": reader.width,
                 "height": reader.height,
                 "fps": float(reader.frame_rate),
+                "keep_timestamps": keep_timestamps,
                 "id_offset_in_masks_dir": MASK_ID_OFFSET if masks_out is not None else None,
             }
             json_sink = JsonSink(json_out, metadata=metadata)
@@ -225,23 +236,24 @@ def _propagate(
 
         bar = tqdm(total=stop - start, desc="tracking", unit="frame", file=err,
                    dynamic_ncols=True, smoothing=0.1)
-        frames = reader.frames(start, stop)
         results = session.propagate(direction="forward", start_frame=start, max_frames=max_frames)
         for result in results:
-            frame = next(frames, None)
-            if frame is None:
+            index = start + done
+            if index >= stop:
                 raise Sam3TrackError(
                     f"the predictor returned frame {result.frame_index}, past the last frame "
                     f"asked for ({stop - 1}); this is a bug in sam3track, please report it"
                 )
-            if int(result.frame_index) != frame.index:
+            if int(result.frame_index) != index:
                 raise Sam3TrackError(
                     f"the predictor returned frame {result.frame_index} where frame "
-                    f"{frame.index} was expected; this is a bug in sam3track, please report it"
+                    f"{index} was expected; this is a bug in sam3track, please report it"
                 )
-            rendered = draw_objects(frame.rgb, result)
+            # The frame the session just tracked, from its decode cache: decoded once per run.
+            rendered = draw_objects(session.frame(index), result)
             with guard.atomic():  # all outputs get this frame, or none does
-                writer.write(rendered, pts=frame.pts, time_base=frame.time_base)
+                writer.write(rendered, pts=reader.pts(index) - pts_offset,
+                             time_base=reader.time_base)
                 if json_sink is not None:
                     json_sink.write(result)
                 if masks_sink is not None:
@@ -252,29 +264,28 @@ def _propagate(
             bar.update(1)
         if done == 0:
             raise Sam3TrackError(f"the predictor returned no frames for {video} from frame {start}")
-    except KeyboardInterrupt:
-        kept = _close_early(guard, bar, sinks, written, done)
-        where = f"partial outputs written to {', '.join(kept)}" if kept else "no outputs written"
-        print(f"interrupted after {done} frames; {where}", file=err)
-        return EXIT_INTERRUPTED
+        guard.finish()  # every frame is written: from here on, a signal cannot stop the closing
+    except KeyboardInterrupt as e:
+        kept = _close_early(guard, bar, sinks, written)
+        print(f"interrupted after {done} frames; {_partial_note(kept)}", file=err)
+        return exit_code_for(e)
     except (Sam3TrackError, OSError) as e:
-        kept = _close_early(guard, bar, sinks, written, done)
-        where = f"; partial outputs ({done} frames) written to {', '.join(kept)}" if kept else ""
+        kept = _close_early(guard, bar, sinks, written)
+        where = f"; {done} frames done, {_partial_note(kept)}" if kept else ""
         print(f"error: {e}{where}", file=err)
         return EXIT_ERROR
     finally:
-        for generator in (frames, results):
-            if generator is not None and hasattr(generator, "close"):
-                generator.close()
+        if results is not None and hasattr(results, "close"):
+            with guard.finalising():
+                results.close()
 
-    with guard.finalising():
-        close_bar(bar)
-        try:
-            for sink in sinks:
-                sink.close(complete=True)
-        except (Sam3TrackError, OSError):
-            close_all(sinks, written, complete=False, frames_done=done)
-            raise
+    close_bar(bar)
+    try:
+        for sink in sinks:
+            sink.close(complete=True)
+    except (Sam3TrackError, OSError):
+        close_all(sinks, written, complete=False)
+        raise
     elapsed = time.perf_counter() - started
     fps = done / elapsed if elapsed > 0 else float("inf")
     outputs = ", ".join(str(p) + ("/" if p == masks_out else "") for p in written)
@@ -288,13 +299,20 @@ def _propagate(
 
 
 def _close_early(
-    guard: InterruptGuard, bar: Any, sinks: list[Any], written: list[Path], done: int
+    guard: InterruptGuard, bar: Any, sinks: list[Any], written: list[Path]
 ) -> list[str]:
-    """Close the progress bar and every output after a run stopped early (Ctrl-C or an error);
-    the outputs that hold something afterwards."""
+    """Close the progress bar and every output after a run stopped early (a signal or an error);
+    where the outputs that hold something ended up (their ``.interrupted`` names)."""
     with guard.finalising():
         close_bar(bar)
-        return close_all(sinks, written, complete=False, frames_done=done)
+        return close_all(sinks, written, complete=False)
+
+
+def _partial_note(kept: list[str]) -> str:
+    if not kept:
+        return "no outputs written"
+    return (f"partial outputs written to {', '.join(kept)} (the paths asked for were left "
+            f"untouched; run again for complete outputs)")
 
 
 def cmd_track(args: argparse.Namespace) -> int:
@@ -302,4 +320,5 @@ def cmd_track(args: argparse.Namespace) -> int:
         args.video, args.prompt, bundle=args.bundle, output=args.output, json_path=args.json,
         masks_dir=args.masks_dir, start_frame=args.start_frame, max_frames=args.max_frames,
         backend=args.backend, device=args.device, overrides=dict(args.set),
+        keep_timestamps=args.keep_timestamps,
     )

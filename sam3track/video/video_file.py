@@ -42,6 +42,12 @@ class VideoReader(SizedSource):
             raise VideoError(
                 f"{self.name} is a directory; use open_image_folder() for a folder of frames"
             )
+        if not self.path.is_file():
+            # A FIFO or a device would block FFmpeg's probing forever, or be read only once
+            # when the reader needs to open the file several times (probe, index, decode).
+            raise VideoError(
+                f"{self.name} is not a regular file; pass a video file or a folder of images"
+            )
         container = self._open_container()
         try:
             streams = container.streams.video

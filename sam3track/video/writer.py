@@ -1,9 +1,10 @@
 """Writing rendered frames to an H.264 video that keeps the input's size, frame count and timing.
 
 The file is written under a temporary name next to the destination and renamed when closed, so
-the destination path only ever holds a finished, playable video. An interrupted run (an
+the destination path only ever holds a finished, complete video. An interrupted run (an
 exception or Ctrl-C inside the ``with`` block) still flushes the encoder and writes the
-container trailer, so the frames done so far survive as a valid, shorter video.
+container trailer, and leaves the frames done so far as a valid, shorter video beside the
+destination, ``<stem>.interrupted<suffix>``.
 """
 
 from __future__ import annotations
@@ -48,9 +49,10 @@ class MaskVideoWriter(FinishedOnExit):
     survives. Without ``pts``, frames are spaced ``1/fps`` apart.
 
     Closing: ``close(complete=True)`` is the normal end; ``close(complete=False)`` is for an
-    interrupted run. Both flush the encoder, write the trailer and rename the temporary file
-    onto ``path``, so either way ``path`` holds a valid video of every frame written. They
-    differ in what counts as failure: a complete close raises :class:`VideoError` if no frame
+    interrupted run. Both flush the encoder and write the trailer, so either way the result is a
+    valid video of every frame written; a complete close renames it onto ``path``, an incomplete
+    one onto ``<stem>.interrupted<suffix>`` beside it (never replacing a complete video at
+    ``path`` with a shorter one). They differ in what counts as failure too: a complete close raises :class:`VideoError` if no frame
     was written or finalising fails; an incomplete close never raises for those (it logs a
     warning, removes the temporary file if nothing usable is left, and returns ``None``), so
     the exception that interrupted the run is the one the caller sees. ``__exit__`` calls
@@ -90,6 +92,7 @@ class MaskVideoWriter(FinishedOnExit):
         self.pix_fmt = "yuv420p" if self.width % 2 == 0 and self.height % 2 == 0 else "yuv444p"
         self.frames_written = 0
         self.completed: bool | None = None  # set by close()
+        self.result: Path | None = None  # where close() left the video, if anywhere
         self._last_pts: int | None = None
         self._closed = False
         self._tmp = partial_path(self.path)
@@ -163,13 +166,18 @@ class MaskVideoWriter(FinishedOnExit):
     def close(self, complete: bool = True) -> Path | None:
         """Finish the file and move it to :attr:`path`; see the class docstring for ``complete``.
 
-        Returns the path written, or ``None`` when nothing usable was left (incomplete close).
-        Calling it again returns the first call's result.
+        Returns the path written (``path``, or its ``.interrupted`` name for an incomplete
+        close), or ``None`` when nothing usable was left. Calling it again returns the first
+        call's result.
         """
         if self._closed:
-            return self.path if self.completed is not None and self.path.exists() else None
+            return self.result
         self._closed = True
         self.completed = complete
+        self.result = self._finish(complete)
+        return self.result
+
+    def _finish(self, complete: bool) -> Path | None:
         try:
             if self.frames_written:
                 for packet in self._stream.encode(None):  # drain the encoder's lookahead
@@ -194,4 +202,12 @@ class MaskVideoWriter(FinishedOnExit):
                 raise VideoError(f"no frames were written to {self.path}; nothing was saved")
             return None
         holds = f"{self.frames_written} frames written so far"
-        return finish_partial(self._tmp, self.path, complete=complete, log=log, holds=holds)
+        try:
+            return finish_partial(self._tmp, self.path, complete=complete, log=log, holds=holds)
+        except OSError as e:
+            self._tmp.unlink(missing_ok=True)
+            if complete:
+                raise VideoError(f"cannot move the finished video onto {self.path}: {e}") from e
+            log.warning("cannot keep the %d frames written for %s: %s", self.frames_written,
+                        self.path, e)
+            return None
