@@ -2,8 +2,18 @@
 
 The reference is driven with pixel values and token ids directly (its processors need torchvision,
 which does not load beside torch 2.13 here); its post-processing is re-done below in torch following
-`Sam3VideoProcessor.postprocess_outputs`. Mask NMS and hole filling are off on both sides
-(transformers skips them without the `kernels` package).
+`Sam3VideoProcessor.postprocess_outputs`.
+
+Both sides run mask NMS and hole filling, as users get them: sam3track at its defaults (`mask_nms` and
+`fill_holes` on), the reference with its cv-utils kernel. transformers loads that kernel only through
+the `kernels` package from the Hugging Face hub and silently skips NMS and hole filling without it;
+here it cannot be had (no hub access; `kernels` on the reachable index stops at 0.17.2 while
+transformers 5.24 pins 0.18.2 <= kernels < 0.19; and cv-utils is built for CUDA only). The reference
+therefore runs with the test-side ports of the two kernels in tests/reference_kernels.py installed
+(`installed_reference_kernels()`), and every run asserts the port was called, NMS and connected
+components both, without an error, so a comparison can never silently run without them.
+`match_reference_quirks=True` on sam3track's side reproduces the reference's cross-prompt coupling,
+which is what makes a frame-by-frame comparison possible.
 """
 
 from __future__ import annotations
@@ -18,6 +28,7 @@ from sam3track.postprocess import to_pixel_values
 from sam3track.video import open_video
 
 from .conftest import CLIPS
+from .reference_kernels import installed_reference_kernels
 
 torch = pytest.importorskip("torch")
 
@@ -27,9 +38,28 @@ torch = pytest.importorskip("torch")
 # 10 object-frames differed by exactly one pixel, all ties; two were masks of 3 and 16 pixels.
 TIE = 1e-3
 BOTH_START = 12
+# re-propagation: separate propagate calls on one session, each over the whole clip
+REPROPAGATION = {"forward,backward": ("forward", "backward"),
+                 "forward,backward,forward": ("forward", "backward", "forward")}
 
 
 def reference_run(bundle, frames: np.ndarray, prompts: list[str], predictor, overrides=None, mode="forward"):
+    with installed_reference_kernels() as kernel:  # NMS and hole filling, as with the real kernel
+        results, births, removed, conditioning = _reference_run(bundle, frames, prompts, predictor, overrides,
+                                                                mode)
+    assert_kernel_used(kernel)
+    return results, births, removed, conditioning
+
+
+def assert_kernel_used(kernel):
+    """The reference really ran mask NMS and hole filling (transformers skips both silently when the
+    kernel is missing or raises)."""
+    assert kernel.calls["generic_nms"] > 0 and kernel.calls["cc_2d"] > 0, dict(kernel.calls)
+    assert not kernel.errors, kernel.errors
+    print(f"reference kernel calls: {dict(kernel.calls)}")
+
+
+def _reference_run(bundle, frames: np.ndarray, prompts: list[str], predictor, overrides=None, mode="forward"):
     from transformers import Sam3VideoModel
     from transformers.models.sam3_video.modeling_sam3_video import Sam3VideoInferenceSession
 
@@ -58,6 +88,13 @@ def reference_run(bundle, frames: np.ndarray, prompts: list[str], predictor, ove
                                                   max_frame_num_to_track=len(frames) - 1 - BOTH_START),
                 model.propagate_in_video_iterator(session, start_frame_idx=BOTH_START,
                                                   max_frame_num_to_track=len(frames), reverse=True))
+        elif mode in REPROPAGATION:  # separate calls on one session: forward, backward from the end, ...
+            outputs = itertools.chain.from_iterable(
+                model.propagate_in_video_iterator(session, start_frame_idx=0, max_frame_num_to_track=len(frames) - 1)
+                if direction == "forward" else
+                model.propagate_in_video_iterator(session, start_frame_idx=len(frames),
+                                                  max_frame_num_to_track=len(frames), reverse=True)
+                for direction in REPROPAGATION[mode])
         else:
             outputs = model.propagate_in_video_iterator(session, start_frame_idx=0,
                                                         max_frame_num_to_track=len(frames) - 1)
@@ -65,7 +102,9 @@ def reference_run(bundle, frames: np.ndarray, prompts: list[str], predictor, ove
             results.append(_postprocess(session, out, h, w))
             removed |= set(out.removed_obj_ids)
     births = dict(session.obj_first_frame_idx)
-    return results, births, removed
+    conditioning = {session.obj_idx_to_id(idx): sorted(out["cond_frame_outputs"])
+                    for idx, out in session.output_dict_per_obj.items()}
+    return results, births, removed, conditioning
 
 
 def _postprocess(session, out, h, w):
@@ -121,9 +160,10 @@ def record_events(session):
 
 
 def sam3track_run(bundle, frames, prompts, overrides=None, mode="forward"):
-    # the reference's cross-prompt quirks are reproduced here: this compares frame by frame
-    predictor = sam3track.load(bundle, mask_nms=False, fill_holes=False, match_reference_quirks=True,
-                               **(overrides or {}))
+    # the reference's cross-prompt quirks are reproduced here: this compares frame by frame; mask NMS
+    # and hole filling stay at their defaults (on), as the reference runs them with its kernel
+    predictor = sam3track.load(bundle, match_reference_quirks=True, **(overrides or {}))
+    assert predictor.config.mask_nms and predictor.config.fill_holes
     session = predictor.start_session(None if mode == "stream" else frames)
     session.events = record_events(session)
     for text in prompts:
@@ -134,6 +174,11 @@ def sam3track_run(bundle, frames, prompts, overrides=None, mode="forward"):
         results = list(session.propagate(direction="backward", start_frame=len(frames) - 1))
     elif mode == "both":
         results = list(session.propagate(direction="both", start_frame=BOTH_START))
+    elif mode in REPROPAGATION:
+        results = []
+        for direction in REPROPAGATION[mode]:
+            start = len(frames) - 1 if direction == "backward" else 0
+            results += list(session.propagate(direction=direction, start_frame=start))
     else:
         results = list(session.propagate())
     return predictor, session, results
@@ -141,7 +186,8 @@ def sam3track_run(bundle, frames, prompts, overrides=None, mode="forward"):
 
 def assert_parity(bundle, frames, prompts, overrides=None, mode="forward"):
     predictor, session, ours = sam3track_run(bundle, frames, prompts, overrides, mode)
-    ref, births, removed = reference_run(bundle, frames, prompts, predictor, overrides, mode)
+    ref, births, removed, conditioning = reference_run(bundle, frames, prompts, predictor, overrides, mode)
+    session.reference_conditioning = conditioning  # object id -> the reference's conditioning frames
     assert [r.frame_index for r in ours] == [r[0] for r in ref]
     ious, raw_ious = [], []
     for mine, (frame, ids, masks, scores) in zip(ours, ref):
@@ -172,15 +218,8 @@ def test_parity_on_a_real_clip_with_births_and_removals(tiny_bundle, bikes_frame
     assert session.events["births"] == births
 
 
-def test_parity_on_a_synthetic_clip(tiny_bundle):
-    """Two coloured blocks crossing a textured background, hotstart removal off on both sides (with
-    random weights it removes every object of this clip) and new_det_thresh 0.85 (5 births).
-
-    With many simultaneous objects (15 births at 0.8, 40 at 0.7) the random tracker's speckled masks
-    amplify rounding-level ties: measured, one pixel of one object's thresholded memory input at frame
-    24 was -6.1e-6 in the reference and +5.5e-6 here (logits agree to 6.7e-5), and later masks of a
-    few tens of pixels diverge (min IoU 0, mean 0.949 at 0.7). Ids and scores still match exactly.
-    """
+def synthetic_frames():
+    """Two coloured blocks crossing a textured background, 40 frames of 192x256."""
     import cv2
 
     rng = np.random.default_rng(0)
@@ -192,7 +231,19 @@ def test_parity_on_a_synthetic_clip(tiny_bundle):
         img[30:90, 10 + 3 * t:60 + 3 * t] = (230, 40, 40)
         img[100:170, 200 - 2 * t:260 - 2 * t] = (30, 220, 60)
         frames.append(img)
-    session, births, _ = assert_parity(tiny_bundle, np.stack(frames), ["bike", "person"],
+    return np.stack(frames)
+
+
+def test_parity_on_a_synthetic_clip(tiny_bundle):
+    """Two coloured blocks crossing a textured background, hotstart removal off on both sides (with
+    random weights it removes every object of this clip) and new_det_thresh 0.85 (5 births).
+
+    With many simultaneous objects (15 births at 0.8, 40 at 0.7) the random tracker's speckled masks
+    amplify rounding-level ties: measured, one pixel of one object's thresholded memory input at frame
+    24 was -6.1e-6 in the reference and +5.5e-6 here (logits agree to 6.7e-5), and later masks of a
+    few tens of pixels diverge (min IoU 0, mean 0.949 at 0.7). Ids and scores still match exactly.
+    """
+    session, births, _ = assert_parity(tiny_bundle, synthetic_frames(), ["bike", "person"],
                                      {"hotstart_delay": 0, "new_det_thresh": 0.85})
     assert len(births) >= 2 and any(f > 0 for f in births.values())
 
@@ -211,3 +262,4 @@ def test_parity_streaming(tiny_bundle, bikes_frames):
     """track() against the reference's streaming forward(frame=...): no hotstart removals, no delay."""
     session, births, removed = assert_parity(tiny_bundle, bikes_frames, ["person", "bike"], mode="stream")
     assert not removed and len(births) > 1
+
