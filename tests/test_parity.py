@@ -18,6 +18,7 @@ which is what makes a frame-by-frame comparison possible.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 
 import numpy as np
@@ -43,12 +44,27 @@ REPROPAGATION = {"forward,backward": ("forward", "backward"),
                  "forward,backward,forward": ("forward", "backward", "forward")}
 
 
-def reference_run(bundle, frames: np.ndarray, prompts: list[str], predictor, overrides=None, mode="forward"):
+def reference_run(bundle, frames: np.ndarray, prompts: list[str], predictor, overrides=None, mode="forward",
+                  kernels=True):
+    if not kernels:  # as transformers runs without the `kernels` package: no NMS, no hole filling
+        with kernel_absent():
+            return _reference_run(bundle, frames, prompts, predictor, overrides, mode)
     with installed_reference_kernels() as kernel:  # NMS and hole filling, as with the real kernel
         results, births, removed, conditioning = _reference_run(bundle, frames, prompts, predictor, overrides,
                                                                 mode)
     assert_kernel_used(kernel)
     return results, births, removed, conditioning
+
+
+@contextlib.contextmanager
+def kernel_absent():
+    from transformers.models.sam3_video import modeling_sam3_video as tm
+
+    previous, tm.cv_utils_kernel = tm.cv_utils_kernel, False  # False: "could not be loaded", skip
+    try:
+        yield
+    finally:
+        tm.cv_utils_kernel = previous
 
 
 def assert_kernel_used(kernel):
@@ -159,11 +175,13 @@ def record_events(session):
     return events
 
 
-def sam3track_run(bundle, frames, prompts, overrides=None, mode="forward"):
+def sam3track_run(bundle, frames, prompts, overrides=None, mode="forward", kernels=True):
     # the reference's cross-prompt quirks are reproduced here: this compares frame by frame; mask NMS
     # and hole filling stay at their defaults (on), as the reference runs them with its kernel
-    predictor = sam3track.load(bundle, match_reference_quirks=True, **(overrides or {}))
-    assert predictor.config.mask_nms and predictor.config.fill_holes
+    # (kernels=False switches both off on both sides, as transformers without the `kernels` package)
+    off = {} if kernels else {"mask_nms": False, "fill_holes": False}
+    predictor = sam3track.load(bundle, match_reference_quirks=True, **off, **(overrides or {}))
+    assert predictor.config.mask_nms == predictor.config.fill_holes == kernels
     session = predictor.start_session(None if mode == "stream" else frames)
     session.events = record_events(session)
     for text in prompts:
@@ -184,9 +202,10 @@ def sam3track_run(bundle, frames, prompts, overrides=None, mode="forward"):
     return predictor, session, results
 
 
-def assert_parity(bundle, frames, prompts, overrides=None, mode="forward"):
-    predictor, session, ours = sam3track_run(bundle, frames, prompts, overrides, mode)
-    ref, births, removed, conditioning = reference_run(bundle, frames, prompts, predictor, overrides, mode)
+def assert_parity(bundle, frames, prompts, overrides=None, mode="forward", kernels=True):
+    predictor, session, ours = sam3track_run(bundle, frames, prompts, overrides, mode, kernels)
+    ref, births, removed, conditioning = reference_run(bundle, frames, prompts, predictor, overrides, mode,
+                                                       kernels)
     session.reference_conditioning = conditioning  # object id -> the reference's conditioning frames
     assert [r.frame_index for r in ours] == [r[0] for r in ref]
     ious, raw_ious = [], []
@@ -242,9 +261,21 @@ def test_parity_on_a_synthetic_clip(tiny_bundle):
     amplify rounding-level ties: measured, one pixel of one object's thresholded memory input at frame
     24 was -6.1e-6 in the reference and +5.5e-6 here (logits agree to 6.7e-5), and later masks of a
     few tens of pixels diverge (min IoU 0, mean 0.949 at 0.7). Ids and scores still match exactly.
+    With NMS and hole filling on both sides the bundle's own threshold matches too (next test).
     """
     session, births, _ = assert_parity(tiny_bundle, synthetic_frames(), ["bike", "person"],
                                      {"hotstart_delay": 0, "new_det_thresh": 0.85})
+    assert len(births) >= 2 and any(f > 0 for f in births.values())
+
+
+def test_parity_on_a_synthetic_clip_at_the_bundle_threshold(tiny_bundle):
+    """The same clip at the bundle's own new_det_thresh (0.5; hotstart removal off, as above).
+
+    Without NMS and hole filling on either side this diverged (many births, rounding-level ties; see
+    above). With both on, as users run it, NMS leaves 9 births (frames 1 and 21..28) and it matches:
+    measured, every object-frame has IoU 1 without tie pixels; two object-frames of frame 33 (masks of
+    27..48 pixels) differ by 1-2 tie pixels (raw IoU 0.958, 0.964)."""
+    session, births, _ = assert_parity(tiny_bundle, synthetic_frames(), ["bike", "person"], {"hotstart_delay": 0})
     assert len(births) >= 2 and any(f > 0 for f in births.values())
 
 
@@ -263,3 +294,50 @@ def test_parity_streaming(tiny_bundle, bikes_frames):
     session, births, removed = assert_parity(tiny_bundle, bikes_frames, ["person", "bike"], mode="stream")
     assert not removed and len(births) > 1
 
+
+@pytest.fixture(scope="module")
+def pingpong_frames(bikes_frames):
+    """80 frames: the continuous shot forward, then backward (a clip long enough for several
+    reconditioning frames, multiples of recondition_every_nth_frame)."""
+    return np.concatenate([bikes_frames, bikes_frames[::-1]])
+
+
+@pytest.fixture(scope="module")
+def repropagation(tiny_bundle, pingpong_frames):
+    """Three propagate calls on one session, both sides: a full forward pass, a backward pass from the
+    last frame, a second full forward pass (the reference: three propagate_in_video_iterator calls on
+    one inference session). Run once; the tests below look at different parts of it."""
+    session, births, removed = assert_parity(tiny_bundle, pingpong_frames, ["person", "bike"],
+                                             mode="forward,backward,forward")
+    return session, births, removed
+
+
+def test_parity_repropagation_forward_backward_forward(repropagation):
+    """Every frame of all three passes matches (ids, scores, IoU, as above); objects are born in each
+    pass and removed by the hotstart rules in each pass, as in the reference; each surviving object
+    ends with the reference's conditioning frames. Measured: 25 births, 24 removals, ids and
+    conditioning frames identical."""
+    session, births, removed = repropagation
+    assert session.events["births"] == births and session.events["removed"] == removed
+    assert len(births) > 2 and removed
+    ours = {o: entry["conditioning"] for o, entry in session.bank.summary().items()}
+    assert ours, "no object survives the three passes"
+    assert ours == session.reference_conditioning, (ours, session.reference_conditioning)
+
+
+NO_RECONDITIONING = (
+    "the tiny random-weight model never reconditions on this clip: reconditioning needs, on a frame "
+    "that is a multiple of recondition_every_nth_frame (16), a detection scoring >= high_conf_thresh "
+    "(0.8) whose mask IoU with a track is >= high_iou_thresh (0.8) and that track's score > 0.8; the "
+    "random tracker's masks never match a detection that well and the hotstart rules remove every "
+    "object but the one born on the last frame, so the only conditioning frames are births (measured "
+    "on this clip and prompts, on carphone_pristine.mp4 with four prompt sets, and on the synthetic "
+    "clip: obj_to_high_conf_det always empty). Not tuned away: thresholds stay the bundle's.")
+
+
+@pytest.mark.xfail(strict=True, reason=NO_RECONDITIONING)
+def test_repropagation_reconditions(repropagation):
+    session, births, _ = repropagation
+    ours = {o: entry["conditioning"] for o, entry in session.bank.summary().items()}
+    reconditioned = {o: [t for t in cond if t != births[o]] for o, cond in ours.items()}
+    assert any(reconditioned.values()), f"no frame other than a birth became a conditioning frame: {ours}"
