@@ -35,9 +35,10 @@ ZERO_ROW = 0  # every pool's row 0 stays zeros: padding entries of a query point
 class DevicePool:
     """Rows of one shape on the device, zero-filled, handed out one by one (no contiguity needed).
 
-    Capacity doubles when the free rows run out, so it stays within twice the peak of rows in use;
-    the old buffer is freed on the backend, so a view taken before the growth fails loudly instead
-    of writing into memory nobody reads.
+    Capacity doubles when the free rows run out, so it stays within twice the peak of rows in use,
+    and halves (rows moved to the front, `shrink`) when at most a quarter is in use. The old buffer
+    is freed on the backend, so a view taken before a resize fails loudly instead of writing into
+    memory nobody reads.
     """
 
     def __init__(self, backend: Backend, row_shape: tuple[int, ...], dtype=np.float32, capacity: int = 16,
@@ -96,6 +97,32 @@ class DevicePool:
                               self.backend.rows(self.tensor, int(rows[start]), end - start))
             start = end
         self.backend.free(written)
+
+    def shrink(self) -> dict[int, int] | None:
+        """When at most a quarter of the rows is in use, move the used rows to the front of a buffer
+        half as large (or smaller, never under the initial size); returns old row -> new row for the
+        caller to re-point its indices, or None when nothing moved."""
+        live = np.flatnonzero(~self.free)
+        live = live[live != ZERO_ROW]
+        capacity = self.capacity
+        while capacity > self.initial_capacity and (live.size + 1) * 4 <= capacity:
+            capacity //= 2
+        if capacity == self.capacity:
+            return None
+        smaller = self.backend.zeros((capacity,) + self.row_shape, self.dtype)
+        new_rows = np.arange(1, live.size + 1)
+        breaks = np.flatnonzero(np.diff(live) != 1) + 1
+        start = 0
+        for end in list(breaks) + [live.size]:  # one device copy per run of consecutive rows
+            if end > start:
+                self.backend.copy(self.backend.rows(self.tensor, int(live[start]), end - start),
+                                  self.backend.rows(smaller, int(new_rows[start]), end - start))
+            start = end
+        self.free = np.ones(capacity, bool)
+        self.free[ZERO_ROW] = False
+        self.free[new_rows] = False
+        self._replace(smaller)
+        return dict(zip(live.tolist(), new_rows.tolist()))
 
     def reset(self) -> None:
         """Back to the initial capacity with every row free (session reset)."""
@@ -307,6 +334,21 @@ class MemoryBank:
                     if t not in newest and frame - t >= keep_memory and entry.memory_row is not None:
                         self.memories.release([entry.memory_row])
                         entry.memory_row = None
+        self._shrink_pools()
+
+    def _shrink_pools(self) -> None:
+        """Give memory back after objects went away: capacity stays within 4x of the rows in use."""
+        entries = [e for mem in self.objects.values() for e in (*mem.cond.values(), *mem.non_cond.values())]
+        moved = self.memories.shrink()
+        if moved:
+            for e in entries:
+                if e.memory_row is not None:
+                    e.memory_row = moved[e.memory_row]
+        moved = self.pointers.shrink()
+        if moved:
+            for e in entries:
+                if e.pointer_row is not None:
+                    e.pointer_row = moved[e.pointer_row]
 
     def _limit_conditioning(self, mem: ObjectMemory, frame: int) -> None:
         limit = self.config.max_conditioning_frames

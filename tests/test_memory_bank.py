@@ -168,3 +168,33 @@ def test_forward_backward_forward_on_a_session_keeps_conditioning_intact(tiny_bu
             if obj_id in after:
                 assert cond <= set(after[obj_id]["conditioning"])
                 assert set(after[obj_id]["conditioning"]) <= set(after[obj_id]["spatial_memory"])
+
+
+def test_pools_shrink_when_objects_go_and_rows_keep_their_contents(backend):
+    bank = MemoryBank(backend, _config())
+    for obj in range(40):  # 40 objects, 8 frames each: the pools grow
+        for frame in range(8):
+            _add(bank, obj, frame, cond=frame == 0)
+    grown = bank.memories.capacity
+    assert grown >= 320
+    keep = (3, 17)
+    marks = {}
+    for obj in keep:  # write a recognisable value into each kept row
+        for frame, entry in {**bank.objects[obj].cond, **bank.objects[obj].non_cond}.items():
+            value = float(obj * 100 + frame)
+            backend.copy(backend.upload(np.full((1, 4, 2), value, np.float32)),
+                         backend.rows(bank.memories.tensor, entry.memory_row, 1))
+            marks[(obj, frame)] = value
+    for obj in range(40):
+        if obj not in keep:
+            bank.remove_object(obj)
+    bank.evict(7, reverse=False, streaming=False)
+    used = bank.memories.used
+    assert bank.memories.capacity < grown and bank.memories.capacity <= 4 * (used + 1)
+    host = backend.to_host(bank.memories.tensor)
+    for (obj, frame), value in marks.items():
+        entry = bank.entry(obj, frame)
+        if entry is not None and entry.memory_row is not None:
+            assert np.all(host[entry.memory_row] == value)
+    assert np.all(host[ZERO_ROW] == 0)
+    bank.query(list(keep), 8, reverse=False, num_frames=None)  # every selected row is still held
