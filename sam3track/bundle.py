@@ -138,7 +138,7 @@ class Bundle:
         """The manifest's geometry against the shapes it records for each graph's tensors."""
         listed = {(name, t["name"]): t.get("shape") for name, g in self.manifest["graphs"].items()
                   for t in list(g.get("inputs", [])) + list(g.get("outputs", []))}
-        self._compare(listed, "the manifest's tensor list")
+        self._compare(listed, "the shapes it lists for the graphs")
 
     def check_graph_shapes(self, graphs: dict) -> None:
         """The manifest against the loaded graphs' own inputs and outputs (names and fixed sizes)."""
@@ -171,7 +171,7 @@ class Bundle:
                 have = shape[axis] if axis < len(shape) else None
                 if isinstance(have, int) and have != size:
                     raise BundleError(f"{self.root / 'manifest.json'}: its geometry gives {graph}.{tensor} size {size} "
-                                      f"on axis {axis}, but {where} say {have}; the manifest does not describe these "
+                                      f"on axis {axis}, but {where} give {have}; the manifest does not describe these "
                                       "graphs: export the bundle again")
 
     def graph_path(self, name: str) -> Path:

@@ -133,7 +133,7 @@ class Session:
         if text is None:
             raise PromptError("add_prompt needs text=, e.g. session.add_prompt(frame_index=0, text='person')")
         if not isinstance(text, str):
-            raise PromptError(f"prompt {shown(text)} is a {type(text).__name__}; give the words as a str, "
+            raise PromptError(f"prompt {shown(text)} is of type {type(text).__name__}; give the words as a str, "
                               "e.g. text='red car'")
         text = text.strip()
         if text in self.prompts:

@@ -72,8 +72,8 @@ def test_propagate_arguments_are_checked_before_any_work(predictor, frames, kwar
 
 
 @pytest.mark.parametrize("text, match", [
-    (123, "prompt 123 is a int; give the words as a str"),
-    (b"dog", "prompt b'dog' is a bytes"),
+    (123, "prompt 123 is of type int; give the words as a str"),
+    (b"dog", "prompt b'dog' is of type bytes"),
     ("   ", "is empty"),
     ("", "is empty"),
 ])
