@@ -1,7 +1,7 @@
 """The demo bundle: a small SAM 3 with RANDOM weights, shipped inside the package.
 
-It exists so ``sam3track demo`` and ``sam3track track`` work straight after ``pip install``, without
-torch and without downloading the real facebook/sam3 checkpoint. Its masks show the machinery
+It exists so ``sam3track demo`` and the notebooks work straight after ``pip install``, without torch
+and without downloading the real facebook/sam3 checkpoint. Its masks show the machinery
 (reading, tracking, drawing, writing), not the model's skill.
 
 The bundle lives in ``sam3track/demo_bundle/`` (six graphs, tokenizer, manifest; no checkpoint, which
