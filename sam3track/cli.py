@@ -67,7 +67,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="SAM 3 video tracking from exported graphs (no PyTorch at run time).",
         epilog=(
             "examples:\n"
-            "  sam3track demo                                   # tiny random-weights bundle\n"
+            "  sam3track demo                                   # the shipped random-weights bundle\n"
             "  python -m graphs.export --checkpoint SNAPSHOT --out sam3-bundle\n"
             "  sam3track track video.mp4 --prompt dog --bundle sam3-bundle --json dog.json\n"
             "  sam3track info sam3-bundle\n\n"

@@ -3,11 +3,9 @@
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
 from sam3track.commands.common import EXIT_ERROR, print_error
-from sam3track.commands.interrupts import InterruptGuard, exit_code_for
 from sam3track.commands.track import run_track
 from sam3track.errors import Sam3TrackError
 
@@ -19,7 +17,7 @@ DEMO_MAX_FRAMES = 48
 DEMO_OVERRIDES = {"hotstart_delay": 0}
 
 RANDOM_WEIGHTS_NOTE = """\
-NOTE: the demo bundle is a tiny SAM 3 with RANDOM weights. Its masks show the machinery
+NOTE: the demo bundle is a small SAM 3 with RANDOM weights. Its masks show the machinery
 (decoding, tracking, drawing, writing), not the model's skill.
 For real masks, export a facebook/sam3 snapshot and track with it:
     python -m graphs.export --checkpoint /path/to/facebook-sam3-snapshot --out sam3-bundle
@@ -44,14 +42,10 @@ def cmd_demo(args: argparse.Namespace) -> int:
     try:
         from sam3track.demo import demo_bundle_path
 
-        with InterruptGuard():  # SIGTERM too stops the build cleanly, like Ctrl-C
-            bundle = demo_bundle_path(log=lambda line: print(line, file=sys.stderr))
+        bundle = demo_bundle_path()  # shipped with the package: nothing to build
     except Sam3TrackError as e:
         print_error(str(e))
         return EXIT_ERROR
-    except KeyboardInterrupt as e:
-        print("interrupted while building the demo bundle; nothing written", file=sys.stderr)
-        return exit_code_for(e)
     print(f"tracking {', '.join(repr(p) for p in DEMO_PROMPTS)} in {clip} "
           f"({args.max_frames} frames from frame {DEMO_START_FRAME}) with {bundle}; hotstart removal off",
           flush=True)
