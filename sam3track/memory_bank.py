@@ -321,6 +321,8 @@ class MemoryBank:
                 if t in self.pinned_frames:
                     continue
                 entry = mem.non_cond[t]
+                if t != frame:  # only the current frame can still be promoted to a conditioning frame
+                    entry.low_res_mask = None  # a full-size [288, 288] float mask is 324 KiB of host memory
                 if behind >= keep_pointer:
                     self._release(entry)
                     del mem.non_cond[t]
