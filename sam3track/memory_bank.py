@@ -102,13 +102,13 @@ class DevicePool:
         """When at most a quarter of the rows is in use, move the used rows to the front of a buffer
         half as large (or smaller, never under the initial size); returns old row -> new row for the
         caller to re-point its indices, or None when nothing moved."""
-        live = np.flatnonzero(~self.free)
-        live = live[live != ZERO_ROW]
-        capacity = self.capacity
-        while capacity > self.initial_capacity and (live.size + 1) * 4 <= capacity:
+        capacity, used = self.capacity, self.used
+        while capacity > self.initial_capacity and (used + 1) * 4 <= capacity:
             capacity //= 2
         if capacity == self.capacity:
             return None
+        live = np.flatnonzero(~self.free)
+        live = live[live != ZERO_ROW]
         smaller = self.backend.zeros((capacity,) + self.row_shape, self.dtype)
         new_rows = np.arange(1, live.size + 1)
         breaks = np.flatnonzero(np.diff(live) != 1) + 1
@@ -340,17 +340,15 @@ class MemoryBank:
 
     def _shrink_pools(self) -> None:
         """Give memory back after objects went away: capacity stays within 4x of the rows in use."""
-        entries = [e for mem in self.objects.values() for e in (*mem.cond.values(), *mem.non_cond.values())]
-        moved = self.memories.shrink()
-        if moved:
-            for e in entries:
-                if e.memory_row is not None:
-                    e.memory_row = moved[e.memory_row]
-        moved = self.pointers.shrink()
-        if moved:
-            for e in entries:
-                if e.pointer_row is not None:
-                    e.pointer_row = moved[e.pointer_row]
+        for pool, field_name in ((self.memories, "memory_row"), (self.pointers, "pointer_row")):
+            moved = pool.shrink()
+            if not moved:
+                continue
+            for mem in self.objects.values():
+                for e in (*mem.cond.values(), *mem.non_cond.values()):
+                    row = getattr(e, field_name)
+                    if row is not None:
+                        setattr(e, field_name, moved[row])
 
     def _limit_conditioning(self, mem: ObjectMemory, frame: int) -> None:
         limit = self.config.max_conditioning_frames
