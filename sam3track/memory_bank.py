@@ -90,12 +90,7 @@ class DevicePool:
         """Scatter a scratch batch from `target` into the pool (one device copy per run of rows)."""
         if rows.size and np.all(np.diff(rows) == 1):
             return
-        start = 0
-        breaks = np.flatnonzero(np.diff(rows) != 1) + 1
-        for end in list(breaks) + [rows.size]:
-            self.backend.copy(self.backend.rows(written, start, end - start),
-                              self.backend.rows(self.tensor, int(rows[start]), end - start))
-            start = end
+        self._copy_rows(written, np.arange(rows.size), self.tensor, rows)
         self.backend.free(written)
 
     def shrink(self) -> dict[int, int] | None:
@@ -111,13 +106,7 @@ class DevicePool:
         live = live[live != ZERO_ROW]
         smaller = self.backend.zeros((capacity,) + self.row_shape, self.dtype)
         new_rows = np.arange(1, live.size + 1)
-        breaks = np.flatnonzero(np.diff(live) != 1) + 1
-        start = 0
-        for end in list(breaks) + [live.size]:  # one device copy per run of consecutive rows
-            if end > start:
-                self.backend.copy(self.backend.rows(self.tensor, int(live[start]), end - start),
-                                  self.backend.rows(smaller, int(new_rows[start]), end - start))
-            start = end
+        self._copy_rows(self.tensor, live, smaller, new_rows)
         self.free = np.ones(capacity, bool)
         self.free[ZERO_ROW] = False
         self.free[new_rows] = False
@@ -134,6 +123,14 @@ class DevicePool:
         if self.tensor is not None:
             self.backend.free(self.tensor)
             self.tensor = None
+
+    def _copy_rows(self, src: DeviceTensor, src_rows: np.ndarray, dst: DeviceTensor, dst_rows: np.ndarray) -> None:
+        """dst[dst_rows] = src[src_rows] on the device, one copy per run consecutive on both sides."""
+        breaks = np.flatnonzero((np.diff(src_rows) != 1) | (np.diff(dst_rows) != 1)) + 1
+        for start, end in zip([0, *breaks], [*breaks, src_rows.size]):
+            if end > start:
+                self.backend.copy(self.backend.rows(src, int(src_rows[start]), int(end - start)),
+                                  self.backend.rows(dst, int(dst_rows[start]), int(end - start)))
 
     def _resize(self, capacity: int) -> None:
         bigger = self.backend.zeros((capacity,) + self.row_shape, self.dtype)
