@@ -15,6 +15,8 @@ from pathlib import Path
 from .errors import BundleError
 
 SUPPORTED_FORMAT = 1
+OM_MANIFEST = "om_manifest.json"  # written by `python -m om.convert` next to manifest.json
+SUPPORTED_OM_FORMAT = 1
 REQUIRED_GRAPHS = ("text_encoder", "backbone", "grounding_head", "propagation_decoder", "memory_encoder",
                    "mask_init")
 # manifest keys the runtime reads, as paths
@@ -176,6 +178,36 @@ class Bundle:
 
     def graph_path(self, name: str) -> Path:
         return self.root / self.manifest["graphs"][name]["file"]
+
+    # ------------------------------------------------------------------------- OM bundles
+    @property
+    def om_manifest(self) -> dict | None:
+        """om_manifest.json of a bundle converted by `python -m om.convert`, None for a plain bundle."""
+        path = self.root / OM_MANIFEST
+        if not path.is_file():
+            return None
+        try:
+            om = json.loads(path.read_text())
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise BundleError(f"{path} is not valid JSON ({exc}); convert the bundle again") from exc
+        if not isinstance(om, dict) or om.get("format") != "sam3track-om" or not isinstance(om.get("graphs"), dict):
+            raise BundleError(f"{path} is not a sam3track OM manifest; convert the bundle again (python -m om.convert)")
+        if om.get("version") != SUPPORTED_OM_FORMAT:
+            raise BundleError(f"{path} has OM manifest version {om.get('version')!r}; this sam3track reads "
+                              f"{SUPPORTED_OM_FORMAT}: convert the bundle again")
+        return om
+
+    def compiled(self, name: str) -> dict | None:
+        """Graph `name`'s entry in the OM manifest, with "root" (this directory) added; None for a
+        plain bundle."""
+        om = self.om_manifest
+        if om is None:
+            return None
+        entry = om["graphs"].get(name)
+        if not isinstance(entry, dict) or not isinstance(entry.get("axes"), dict):
+            raise BundleError(f"{self.root / OM_MANIFEST} has no complete entry for graph {name}; convert the "
+                              "bundle again (python -m om.convert)")
+        return {**entry, "root": str(self.root), "soc_version": om.get("soc_version")}
 
     @property
     def tokenizer_file(self) -> Path:

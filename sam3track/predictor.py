@@ -24,7 +24,7 @@ class Predictor:
         self.graphs = {}
         try:
             for name in bundle.manifest["graphs"]:
-                self.graphs[name] = backend.load(name, str(bundle.graph_path(name)))
+                self.graphs[name] = backend.load(name, str(bundle.graph_path(name)), bundle.compiled(name))
             bundle.check_graph_shapes(self.graphs)
         except BaseException:
             self.graphs.clear()
@@ -35,15 +35,21 @@ class Predictor:
 
     @classmethod
     def load(cls, bundle_dir, backend: str = "onnxruntime", device: str = "cpu", verify: bool = True,
-             threads: int | None = None, **config_overrides) -> "Predictor":
+             threads: int | None = None, gears=None, **config_overrides) -> "Predictor":
         """Open and check a bundle, then load its graphs. Keyword overrides change TrackerConfig fields,
-        e.g. mask_nms=False, fill_holes=False to compare with transformers."""
+        e.g. mask_nms=False, fill_holes=False to compare with transformers.
+
+        backend: "onnxruntime" (device "cpu", "cuda:N" or "cann:N") or "acl" (an OM bundle, device
+        "npu:N"). gears (onnxruntime only): "compiled" runs an OM bundle's gears on ONNX Runtime, or
+        {axis: sizes} pads every call to those sizes, so CPU runs take the Ascend padding path."""
         if not isinstance(bundle_dir, (str, os.PathLike)):
             raise BundleError(f"load() takes the path of a bundle directory, not {type(bundle_dir).__name__}; "
                               "export one with python -m graphs.export")
         bundle = Bundle.open(Path(bundle_dir), verify=verify)
         config = TrackerConfig.from_manifest(bundle.manifest, **config_overrides)
         options = {"threads": threads} if threads else {}
+        if gears is not None:
+            options["gears"] = gears
         return cls(bundle, create_backend(backend, device, **options), config)
 
     def start_session(self, source=None) -> Session:

@@ -48,6 +48,9 @@ class Graph(ABC):
     input_names: tuple[str, ...]
     output_names: tuple[str, ...]
     shapes: dict[str, tuple[int | None, ...]]  # tensor name -> fixed sizes (None where the axis is dynamic)
+    # axis name -> the sizes this graph runs at, ascending (an OM model's gears); an axis not listed
+    # runs at any size
+    sizes: dict[str, tuple[int, ...]]
 
 
 class Backend(ABC):
@@ -70,7 +73,18 @@ class Backend(ABC):
         self.transfer_log.append((direction, tuple(shape)))
 
     @abstractmethod
-    def load(self, name: str, path: str) -> Graph: ...
+    def load(self, name: str, path: str, compiled: dict | None = None) -> Graph:
+        """Load graph `name`. `compiled` is its entry in an OM bundle's om_manifest.json (plus "root",
+        the bundle directory), None for a plain bundle."""
+
+    def plan(self, graph: Graph, axis: str, n: int) -> int:
+        """The size a call for `n` items runs at on `axis`: the smallest compiled size >= n, or the
+        largest when n is more than that (the caller then splits the work into chunks of it). This is
+        the one place call sizes are decided; an axis without compiled sizes runs at n."""
+        sizes = graph.sizes.get(axis)
+        if not sizes:
+            return n
+        return next((s for s in sizes if s >= n), sizes[-1])
 
     @abstractmethod
     def upload(self, array: np.ndarray) -> DeviceTensor:

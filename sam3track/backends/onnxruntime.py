@@ -18,13 +18,16 @@ _DEVICES = {"cpu": ("CPUExecutionProvider", "cpu"), "cuda": ("CUDAExecutionProvi
 
 
 class OrtGraph(Graph):
-    def __init__(self, name: str, session):
+    def __init__(self, name: str, session, gears: dict[str, tuple[int, ...]]):
         self.name = name
         self.session = session
         self.input_names = tuple(i.name for i in session.get_inputs())
         self.output_names = tuple(o.name for o in session.get_outputs())
-        self.shapes = {t.name: tuple(d if isinstance(d, int) else None for d in t.shape)
-                       for t in list(session.get_inputs()) + list(session.get_outputs())}
+        tensors = list(session.get_inputs()) + list(session.get_outputs())
+        self.shapes = {t.name: tuple(d if isinstance(d, int) else None for d in t.shape) for t in tensors}
+        self.dims = {t.name: tuple(t.shape) for t in tensors}
+        axes = {d for t in tensors for d in t.shape if isinstance(d, str)}
+        self.sizes = {axis: sizes for axis, sizes in gears.items() if axis in axes}
 
 
 class _Storage:
@@ -42,8 +45,11 @@ class _Storage:
 class OnnxRuntimeBackend(Backend):
     name = "onnxruntime"
 
-    def __init__(self, device: str = "cpu", threads: int | None = None):
+    def __init__(self, device: str = "cpu", threads: int | None = None, gears=None):
+        """gears: None (every call at its own size), "compiled" (an OM bundle's gears, so CPU runs
+        take the padding and chunking path an Ascend run takes), or {axis: sizes} for every graph."""
         super().__init__()
+        self._gears = _check_gears(gears)
         import onnxruntime as ort
 
         device, _, index = device.partition(":")
@@ -71,13 +77,20 @@ class OnnxRuntimeBackend(Backend):
         if self.closed:
             raise BackendError("the onnxruntime backend was closed (predictor.close()); load the bundle again")
 
-    def load(self, name: str, path: str) -> OrtGraph:
+    def load(self, name: str, path: str, compiled: dict | None = None) -> OrtGraph:
         self._check_open()
+        if self._gears == "compiled":
+            if compiled is None:
+                raise BundleError(f"gears='compiled' needs an OM bundle (python -m om.convert); graph {name} of "
+                                  "this bundle has no compiled gears")
+            gears = {axis: tuple(sizes) for axis, sizes in compiled["axes"].items()}
+        else:
+            gears = self._gears
         try:
             session = self._ort.InferenceSession(path, sess_options=self._options, providers=self._providers)
         except Exception as exc:
             raise BundleError(f"onnxruntime cannot load graph {name} from {path}: {exc}") from exc
-        graph = OrtGraph(name, session)
+        graph = OrtGraph(name, session, gears)
         self._graphs.append(graph)
         return graph
 
@@ -241,6 +254,20 @@ class OnnxRuntimeBackend(Backend):
         for storage in list(self._storages):
             storage.ortvalue = None
         self.closed = True
+
+
+def _check_gears(gears):
+    if gears is None:
+        return {}
+    if gears == "compiled":
+        return gears
+    if not isinstance(gears, dict) or not all(
+            isinstance(axis, str) and isinstance(sizes, (list, tuple)) and sizes
+            and all(isinstance(s, int) and not isinstance(s, bool) and s >= 1 for s in sizes)
+            for axis, sizes in gears.items()):
+        raise Sam3TrackError(f"gears must be None, 'compiled' or {{axis: [sizes >= 1]}}, e.g. "
+                             f"{{'objects': [1, 2, 4, 8]}}; not {gears!r}")
+    return {axis: tuple(sorted(set(sizes))) for axis, sizes in gears.items()}
 
 
 _ORT_TO_NUMPY = {
