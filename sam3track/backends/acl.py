@@ -1,0 +1,850 @@
+"""Ascend backend: ATC-compiled OM models run through pyacl, with every tensor kept in NPU memory.
+
+Facts about pyacl used here come from /work/shared/docs/ascend.md; comments cite its source tags
+(P-xxxx pyACL reference pages, C-xxxx AscendCL C pages, MMD mmdeploy's wrapper, ACLL acllite, ERR the
+error-code table) and say [unconfirmed] where no public source confirmed the behaviour.
+
+Design
+- Handles: a DeviceTensor's handle is (_Allocation, byte offset). Views (rows, reshape) are interior
+  pointers into the same allocation; freeing the allocation makes every view of it fail on use.
+- Graphs: one AclGraph per OM model (its desc, input/output descriptions read from the desc BY NAME,
+  its compiled gears) with buffers it owns: device input buffers + pinned host staging for inputs
+  that arrive as numpy arrays, the hidden `ascend_mbatch_shape_data` buffer, one output buffer per
+  output that the caller did not place (sized for the largest gear, reused by every run).
+- Datasets: one input and one output dataset per (graph, gear), built on the gear's first run; later
+  runs only re-point their data buffers (acl.update_data_buffer) at the current tensors.
+- Gear selection: the inputs arrive at sizes Backend.plan chose; their sizes on the graph's axes
+  must be exactly one compiled gear, else the call is refused (never silently padded here).
+- Threads: the context is thread-local in AscendCL [C-0061, ascend.md 3.1.3]; every public method
+  that calls into acl first makes this backend's context current on the calling thread.
+- Teardown (close): datasets and their data buffers, descs, models, device and host memory, stream,
+  context, device, and acl.finalize when this process's last backend owned acl.init.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import re
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..errors import BackendError, BundleError, Sam3TrackError
+from .base import Backend, DeviceTensor, Graph
+
+HIDDEN_INPUT = "ascend_mbatch_shape_data"  # the extra, last input of every gear model [P-dyn 0107, MMD]
+
+# acl constants [ascend.md 2.1]
+ACL_SUCCESS = 0
+ACL_ERROR_REPEAT_INITIALIZE = 100002  # benign: someone else in this process called acl.init [MMD]
+ACL_ERROR_REPEAT_FINALIZE = 100037
+ACL_MEM_MALLOC_HUGE_FIRST = 0  # the policy mmdeploy and acllite use
+MEMCPY_HOST_TO_DEVICE, MEMCPY_DEVICE_TO_HOST, MEMCPY_DEVICE_TO_DEVICE = 1, 2, 3
+# memcpy_async wants 64-byte aligned addresses [P-0125]; rt.malloc starts are 64-byte aligned [P-0114]
+ALIGNMENT = 64
+
+# aclDataType -> numpy [acl_base.h via ascend.md 2.1]
+_ACL_DTYPES = {0: np.float32, 1: np.float16, 2: np.int8, 3: np.int32, 4: np.uint8, 6: np.int16, 7: np.uint16,
+               8: np.uint32, 9: np.int64, 10: np.uint64, 11: np.float64, 12: np.bool_}
+
+# Hints for the codes whose cause is known [ERR, ascend.md 1.1 and 2.2]
+_HINTS = {
+    100012: "the OM file was built by another CANN version: run python -m om.convert again with this CANN's atc",
+    100013: "the OM file was built by another CANN version: run python -m om.convert again with this CANN's atc",
+    107002: "no current context on this thread",
+    145013: "the gear was not compiled into the model",
+    507011: "model execution failed; if every model fails, compare --soc_version in om_manifest.json with npu-smi info",
+}
+
+
+# ------------------------------------------------------------------------ acl.init, once per process
+# acl.init may be called once per process (a second call returns 100002) and acl.finalize once
+# [ascend.md 3.1.1]. Backends share one refcount per acl module object (a test installs a fresh fake
+# module each time; a leaked backend of an earlier module must not make this one skip acl.init).
+_INIT_LOCK = threading.Lock()
+_INIT_STATE: dict[int, list] = {}  # id(acl module) -> [module, users, owned]
+
+
+def _acquire_acl(acl) -> None:
+    with _INIT_LOCK:
+        state = _INIT_STATE.get(id(acl))
+        if state is None or state[0] is not acl:
+            ret = acl.init()
+            if ret not in (ACL_SUCCESS, ACL_ERROR_REPEAT_INITIALIZE):
+                raise _error(acl, "acl.init", ret)
+            # 100002: another library initialised acl in this process; it finalizes, not us [MMD]
+            state = _INIT_STATE[id(acl)] = [acl, 0, ret == ACL_SUCCESS]
+        state[1] += 1
+
+
+def _release_acl(acl) -> None:
+    with _INIT_LOCK:
+        state = _INIT_STATE.get(id(acl))
+        if state is None or state[0] is not acl:
+            return
+        state[1] -= 1
+        if state[1] > 0:
+            return
+        del _INIT_STATE[id(acl)]
+        if state[2]:
+            ret = acl.finalize()
+            if ret not in (ACL_SUCCESS, ACL_ERROR_REPEAT_FINALIZE):
+                raise _error(acl, "acl.finalize", ret)
+
+
+# Which backend's context this thread made current last. A per-backend token object (never the
+# context handle, which a later context may reuse) so a stale entry can never match a new backend.
+_THREAD = threading.local()
+
+
+def _error(acl, call: str, code, what: str = "") -> BackendError:
+    try:
+        message = acl.get_recent_err_msg() or ""
+    except Exception:  # the message is a courtesy; the code is the fact
+        message = ""
+    hint = _HINTS.get(code)
+    where = f" ({what})" if what else ""
+    text = f"{call} failed{where} with acl error {code}"
+    if hint:
+        text += f" [{hint}]"
+    if message:
+        text += f": {str(message).strip()}"
+    return BackendError(text)
+
+
+def _parse_device(device: str) -> int:
+    match = re.fullmatch(r"npu(?::(\d+))?", str(device))
+    if match is None:
+        raise Sam3TrackError(f"unknown device {device!r} for the acl backend; use 'npu:N' (N = the NPU's index, "
+                             "as npu-smi info lists them), e.g. 'npu:0'")
+    return int(match.group(1) or 0)
+
+
+def _import_acl():
+    try:
+        import acl
+    except ImportError as exc:
+        raise Sam3TrackError(
+            "the acl backend needs pyacl (the `acl` module), which comes with the CANN toolkit: source its "
+            "set_env.sh (e.g. . /usr/local/Ascend/ascend-toolkit/set_env.sh) before starting Python. Tests "
+            "without CANN use the emulator: sam3track.testing.acl_emulator.install()") from exc
+    return acl
+
+
+# --------------------------------------------------------------------------------- state records
+@dataclass(eq=False)
+class _Allocation:
+    """One rt.malloc block. `graph_owned` blocks (a graph's output buffers) are released by close()
+    only: free() on a result tensor is a no-op, as results are only valid until the graph's next run."""
+
+    ptr: int
+    nbytes: int
+    what: str
+    graph_owned: bool = False
+    freed: bool = False
+
+
+@dataclass
+class _Io:
+    """One model input or output as the OM desc reports it."""
+
+    index: int  # om index: datasets are laid out in this order [ascend.md 3.3.2]
+    name: str
+    dtype: np.dtype
+    dims: tuple[int, ...]  # inputs: -1 on gear axes; outputs: the largest gear's shape
+    axes: tuple[str | None, ...]  # the manifest's axis name of every dim (None: a fixed dim)
+    nbytes: int  # get_*_size_by_index: the largest gear's size [MMD; ascend.md 2]
+
+
+@dataclass
+class _Gear:
+    sizes: dict[str, int]  # axis -> size in this gear ({} for a static model)
+    value: Any  # what set_dynamic_* takes: a batch size, one get_input_dynamic_dims entry, None
+
+
+@dataclass
+class _GearData:
+    """One (graph, gear)'s datasets; their data buffers are re-pointed on every run."""
+
+    inputs: int
+    outputs: int
+    input_buffers: list[int]
+    output_buffers: list[int]
+
+
+@dataclass
+class _HostInput:
+    """Where an input that arrives as a host array goes: pinned staging (memcpy_async needs host
+    memory from malloc_host [P-0125]) and a device buffer, both sized for the largest gear."""
+
+    host_ptr: int
+    host: np.ndarray  # uint8 view of the pinned memory
+    device: _Allocation
+
+
+@dataclass(eq=False)
+class AclGraph(Graph):
+    name: str
+    input_names: tuple[str, ...]
+    output_names: tuple[str, ...]
+    shapes: dict[str, tuple[int | None, ...]]
+    dims: dict[str, tuple[int | str, ...]]
+    sizes: dict[str, tuple[int, ...]]
+    mode: str
+    model_id: int
+    desc: int
+    inputs: list[_Io]  # om order, hidden input included
+    outputs: list[_Io]  # om order
+    hidden: _Io | None
+    gears: list[_Gear]
+    hidden_buffer: _Allocation | None = None
+    host_inputs: dict[str, _HostInput] = field(default_factory=dict)
+    output_buffers: dict[str, _Allocation] = field(default_factory=dict)
+    gear_data: dict[int, _GearData] = field(default_factory=dict)  # index into gears -> datasets
+
+
+# --------------------------------------------------------------------------------------- backend
+class AclBackend(Backend):
+    name = "acl"
+
+    def __init__(self, device: str = "npu:0", threads: int | None = None):
+        """threads: accepted for load()'s common options and ignored (the NPU runs the graphs)."""
+        super().__init__()
+        self.device_id = _parse_device(device)
+        self._acl = acl = _import_acl()
+        self.closed = False
+        self._graphs: list[AclGraph] = []
+        self._allocations: dict[_Allocation, None] = {}  # every rt.malloc block not yet freed
+        self._host_blocks: list[int] = []  # every malloc_host block
+        self._token = object()
+        self._context = self._stream = None
+        self._device_set = False
+        _acquire_acl(acl)
+        try:
+            self._call("acl.rt.set_device", acl.rt.set_device(self.device_id), f"npu:{self.device_id}")
+            self._device_set = True
+            # An explicit context, not set_device's default one: it can be made current on any thread
+            # (set_context) and destroyed by us [C-0059, P-0077]; create_context binds it here.
+            self._context = self._value("acl.rt.create_context", acl.rt.create_context(self.device_id))
+            _THREAD.owner = self._token
+            self._stream = self._value("acl.rt.create_stream", acl.rt.create_stream())
+        except BaseException:
+            self._teardown()
+            raise
+
+    # ------------------------------------------------------------------------- return codes
+    def _call(self, call: str, ret, what: str = "") -> None:
+        if ret != ACL_SUCCESS:
+            raise _error(self._acl, call, ret, what)
+
+    def _value(self, call: str, result, what: str = ""):
+        """Unpack a `(value, ret)` pair [ascend.md 2, "tuple"] and check ret."""
+        value, ret = result
+        self._call(call, ret, what)
+        return value
+
+    def _handle(self, call: str, handle, what: str = ""):
+        """Calls that return a bare handle signal failure with 0/None [ascend.md 2, "bare"]."""
+        if not handle:
+            raise _error(self._acl, call, "(null handle)", what)
+        return handle
+
+    # ------------------------------------------------------------------- context per thread
+    def _enter(self) -> None:
+        if self.closed:
+            raise BackendError("the acl backend was closed (predictor.close()); load the bundle again")
+        self._bind_context()
+
+    def _bind_context(self) -> None:
+        # The current context is per thread [ascend.md 3.1.3]: a worker thread starts with none (107002),
+        # and another backend may have made its own current here since.
+        if getattr(_THREAD, "owner", None) is not self._token:
+            self._call("acl.rt.set_context", self._acl.rt.set_context(self._context))
+            _THREAD.owner = self._token
+
+    # ---------------------------------------------------------------------------- graphs
+    def load(self, name: str, path: str, compiled: dict | None = None) -> AclGraph:
+        self._enter()
+        om_path = _om_path(name, path, compiled)
+        acl = self._acl
+        model_id = self._value("acl.mdl.load_from_file", acl.mdl.load_from_file(str(om_path)),
+                               f"graph {name}, {om_path}")
+        desc = None
+        try:
+            desc = self._handle("acl.mdl.create_desc", acl.mdl.create_desc(), f"graph {name}")
+            self._call("acl.mdl.get_desc", acl.mdl.get_desc(desc, model_id), f"graph {name}")
+            graph = self._describe(name, om_path, compiled, model_id, desc)
+            if graph.hidden is not None:  # sized by the desc, as mmdeploy does [MMD]
+                graph.hidden_buffer = self._malloc(graph.hidden.nbytes, f"graph {name} {HIDDEN_INPUT}", graph_owned=True)
+        except BaseException:
+            if desc:
+                acl.mdl.destroy_desc(desc)
+            acl.mdl.unload(model_id)
+            raise
+        self._graphs.append(graph)
+        return graph
+
+    def _describe(self, name: str, om_path: Path, compiled: dict, model_id: int, desc: int) -> AclGraph:
+        acl = self._acl
+        where = f"graph {name} ({om_path})"
+        manifest_io = {t["name"]: t for t in compiled.get("inputs", []) + compiled.get("outputs", [])
+                       if not t.get("hidden")}
+        inputs, outputs = [], []
+        for i in range(acl.mdl.get_num_inputs(desc)):
+            tensor = acl.mdl.get_input_name_by_index(desc, i)
+            dims = self._value("acl.mdl.get_input_dims", acl.mdl.get_input_dims(desc, i), f"{where} input {i}")
+            inputs.append(self._io(where, i, tensor, dims, acl.mdl.get_input_data_type(desc, i),
+                                   acl.mdl.get_input_size_by_index(desc, i), manifest_io))
+        for i in range(acl.mdl.get_num_outputs(desc)):
+            # ONNX models' output names read `node:index:tensor` [P-0205, MMD uses split(':')[-1]]
+            tensor = acl.mdl.get_output_name_by_index(desc, i).split(":")[-1]
+            dims = self._value("acl.mdl.get_output_dims", acl.mdl.get_output_dims(desc, i), f"{where} output {i}")
+            outputs.append(self._io(where, i, tensor, dims, acl.mdl.get_output_data_type(desc, i),
+                                    acl.mdl.get_output_size_by_index(desc, i), manifest_io))
+        hidden = next((io for io in inputs if io.name == HIDDEN_INPUT), None)
+        visible = [io for io in inputs if io is not hidden]
+        _check_names(where, compiled, visible, outputs)
+        gears = self._read_gears(where, compiled, desc, visible, hidden)
+        sizes = {axis: tuple(int(s) for s in values) for axis, values in compiled["axes"].items()}
+        _check_gears(where, gears, sizes)
+        dynamic = {axis for axis, values in sizes.items() if len(values) > 1}
+        tensors = visible + outputs
+        return AclGraph(
+            name=name, input_names=tuple(io.name for io in visible), output_names=tuple(io.name for io in outputs),
+            shapes={io.name: tuple(None if a in dynamic or d < 0 else d for d, a in zip(io.dims, io.axes))
+                    for io in tensors},
+            # axis names where the source graph had a symbolic dim (graph.sizes says what is compiled)
+            dims={io.name: tuple(a if a is not None else d for d, a in zip(io.dims, io.axes)) for io in tensors},
+            sizes=sizes, mode=compiled.get("mode", "static"), model_id=model_id, desc=desc,
+            inputs=inputs, outputs=outputs, hidden=hidden, gears=gears)
+
+    def _io(self, where: str, index: int, name: str, dims: dict, acl_dtype: int, nbytes: int,
+            manifest_io: dict) -> _Io:
+        shape = tuple(int(d) for d in dims["dims"][:dims.get("dimCount", len(dims["dims"]))])
+        if name == HIDDEN_INPUT:
+            return _Io(index, name, np.dtype(np.uint8), shape, (None,) * len(shape), int(nbytes))
+        if acl_dtype not in _ACL_DTYPES:
+            raise BundleError(f"{where}: tensor {name} has aclDataType {acl_dtype}, which sam3track does not "
+                              "read; convert the bundle again")
+        spec = manifest_io.get(name)
+        axes = tuple(spec.get("axes") or (None,) * len(shape)) if spec else (None,) * len(shape)
+        if len(axes) != len(shape):
+            raise BundleError(f"{where}: tensor {name} has dims {list(shape)} in the OM model but "
+                              f"{len(axes)} axes in om_manifest.json; convert the bundle again")
+        return _Io(index, name, np.dtype(_ACL_DTYPES[acl_dtype]), shape, axes, int(nbytes))
+
+    def _read_gears(self, where: str, compiled: dict, desc: int, visible: list[_Io], hidden: _Io | None) -> list[_Gear]:
+        """The gears the OM model itself was compiled with (never what the manifest thinks it holds)."""
+        acl = self._acl
+        placeholders = [(io, d) for io in visible for d, size in enumerate(io.dims) if size < 0]
+        mode = compiled.get("mode", "static")
+        if hidden is None:
+            if placeholders or mode != "static":
+                raise BundleError(f"{where}: om_manifest.json says mode {mode!r} but the OM model has "
+                                  f"{'dynamic dims without gears (a shape-range model, which the acl backend does not run)' if placeholders else 'no gears'}; "
+                                  "convert the bundle again (python -m om.convert) with gear modes")
+            return [_Gear({}, None)]
+        axis_of = [(io.axes[d] or f"{io.name}[{d}]") for io, d in placeholders]
+        if mode == "dynamic_batch":
+            info = self._value("acl.mdl.get_dynamic_batch", acl.mdl.get_dynamic_batch(desc), where)
+            batches = [int(b) for b in info["batch"][:info.get("batchCount", len(info["batch"]))]]
+            if not batches:
+                raise BundleError(f"{where}: om_manifest.json says dynamic_batch but the OM model has no batch "
+                                  "gears; convert the bundle again")
+            return [_Gear({axis: b for axis in axis_of}, b) for b in batches]
+        if mode == "dynamic_dims":
+            count = self._value("acl.mdl.get_input_dynamic_gear_count",
+                                acl.mdl.get_input_dynamic_gear_count(desc, -1), where)
+            entries = self._value("acl.mdl.get_input_dynamic_dims", acl.mdl.get_input_dynamic_dims(desc, -1, count),
+                                  where)
+            return [_Gear(_profile_sizes(where, entry, visible, placeholders, axis_of), entry) for entry in entries]
+        raise BundleError(f"{where}: the OM model has gears but om_manifest.json says mode {mode!r}; the acl "
+                          "backend runs static, dynamic_batch and dynamic_dims models: convert the bundle again")
+
+    # --------------------------------------------------------------------------- tensors
+    @property
+    def live_allocations(self) -> int:
+        """Tensors from upload/empty/zeros not yet freed (graphs' own buffers are not counted)."""
+        return sum(1 for a in self._allocations if not a.graph_owned)
+
+    def _malloc(self, nbytes: int, what: str, graph_owned: bool = False) -> _Allocation:
+        # malloc(0) is invalid [P-0114]: an empty tensor still gets a (tiny) block of its own
+        ptr = self._value("acl.rt.malloc", self._acl.rt.malloc(max(int(nbytes), 1), ACL_MEM_MALLOC_HUGE_FIRST),
+                          f"{what}, {nbytes} bytes")
+        allocation = _Allocation(ptr, int(nbytes), what, graph_owned)
+        self._allocations[allocation] = None
+        return allocation
+
+    def _release(self, allocation: _Allocation) -> None:
+        allocation.freed = True
+        del self._allocations[allocation]
+        self._call("acl.rt.free", self._acl.rt.free(allocation.ptr), allocation.what)
+
+    def _tensor(self, shape, dtype, what: str) -> DeviceTensor:
+        shape, dtype = tuple(int(s) for s in shape), np.dtype(dtype)
+        nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        return DeviceTensor(shape, dtype, (self._malloc(nbytes, f"{what} {shape} {dtype}"), 0))
+
+    def _address(self, tensor: DeviceTensor) -> int:
+        allocation, offset = tensor.handle
+        if allocation.freed:
+            raise BackendError(f"a device tensor {tuple(tensor.shape)} was used after its memory ({allocation.what}) "
+                               "was freed (a pool view taken before the pool grew?); please report this")
+        if offset + tensor.nbytes > allocation.nbytes:
+            raise BackendError(f"internal error: a view {tuple(tensor.shape)} at byte {offset} runs past its "
+                               f"allocation of {allocation.nbytes} bytes; please report this")
+        return allocation.ptr + offset
+
+    def upload(self, array: np.ndarray) -> DeviceTensor:
+        self._enter()
+        array = np.ascontiguousarray(array)
+        tensor = self._tensor(array.shape, array.dtype, "upload")
+        self._memcpy(self._address(tensor), tensor.nbytes, array.ctypes.data, array.nbytes, MEMCPY_HOST_TO_DEVICE,
+                     "upload")
+        self._count("to_device", array.shape, array.nbytes)
+        return tensor
+
+    def empty(self, shape, dtype) -> DeviceTensor:
+        self._enter()
+        return self._tensor(shape, dtype, "empty")
+
+    def zeros(self, shape, dtype) -> DeviceTensor:
+        self._enter()
+        tensor = self._tensor(shape, dtype, "zeros")
+        if tensor.nbytes:
+            # rt.memset [unconfirmed in ascend.md 2: signature (ptr, max_size, value, count) as aclrtMemset]:
+            # chosen over uploading a zero array because nothing crosses the bus and transfers stay honest.
+            self._call("acl.rt.memset", self._acl.rt.memset(self._address(tensor), tensor.nbytes, 0, tensor.nbytes),
+                       f"zeros {tensor.shape}")
+        return tensor
+
+    def free(self, tensor: DeviceTensor) -> None:
+        """Frees the tensor's whole allocation (as the ONNX Runtime backend does for views). A no-op for
+        graph results (their buffers belong to the graph), for a second free, and after close() (which
+        already freed everything: callers such as memory pools are closed after the predictor)."""
+        allocation, _ = tensor.handle
+        if self.closed or allocation.freed or allocation.graph_owned:
+            return
+        self._bind_context()
+        self._release(allocation)
+
+    def rows(self, tensor: DeviceTensor, start: int, count: int) -> DeviceTensor:
+        allocation, offset = tensor.handle
+        if start < 0 or count < 0 or start + count > tensor.shape[0]:
+            raise BackendError(f"internal error: rows {start}..{start + count} outside a tensor of "
+                               f"{tensor.shape[0]} rows; please report this")
+        row_bytes = tensor.nbytes // max(tensor.shape[0], 1)
+        return DeviceTensor((count,) + tuple(tensor.shape[1:]), tensor.dtype, (allocation, offset + start * row_bytes))
+
+    def copy(self, src: DeviceTensor, dst: DeviceTensor) -> None:
+        self._enter()
+        if tuple(src.shape) != tuple(dst.shape) or np.dtype(src.dtype) != np.dtype(dst.dtype):
+            raise BackendError(f"internal error: copy between {src.shape} {src.dtype} and {dst.shape} {dst.dtype}; "
+                               "please report this")
+        if src.nbytes:
+            self._memcpy(self._address(dst), dst.nbytes, self._address(src), src.nbytes, MEMCPY_DEVICE_TO_DEVICE,
+                         f"copy {tuple(src.shape)}")
+
+    def to_host(self, tensor: DeviceTensor, rows: np.ndarray | None = None) -> np.ndarray:
+        """A new host array. With `rows`, one memcpy per run of consecutive rows (each one counted):
+        pyacl has no gather copy, and rows the caller asks for are mostly runs."""
+        self._enter()
+        base = self._address(tensor)
+        if rows is None:
+            out = np.empty(tensor.shape, tensor.dtype)
+            if out.nbytes:
+                self._memcpy(out.ctypes.data, out.nbytes, base, out.nbytes, MEMCPY_DEVICE_TO_HOST,
+                             f"to_host {tuple(tensor.shape)}")
+            self._count("to_host", out.shape, out.nbytes)
+            return out
+        rows = np.asarray(rows, dtype=np.int64).reshape(-1)
+        n = tensor.shape[0]
+        if rows.size and (rows.min() < 0 or rows.max() >= n):
+            raise BackendError(f"internal error: rows {rows.tolist()} outside a tensor of {n} rows; please report this")
+        row_shape = tuple(tensor.shape[1:])
+        row_bytes = int(np.prod(row_shape, dtype=np.int64)) * np.dtype(tensor.dtype).itemsize
+        out = np.empty((rows.size,) + row_shape, tensor.dtype)
+        for start, end in _runs(rows):
+            count = end - start
+            if row_bytes:
+                self._memcpy(out.ctypes.data + start * row_bytes, count * row_bytes,
+                             base + int(rows[start]) * row_bytes, count * row_bytes, MEMCPY_DEVICE_TO_HOST,
+                             f"to_host rows {int(rows[start])}..{int(rows[start]) + count} of {tuple(tensor.shape)}")
+            self._count("to_host", (count,) + row_shape, count * row_bytes)
+        return out
+
+    def _memcpy(self, dst: int, dst_max: int, src: int, count: int, kind: int, what: str) -> None:
+        # synchronous; CANN 8 infers the direction from the addresses, older ones honour kind [P-0124]
+        self._call("acl.rt.memcpy", self._acl.rt.memcpy(dst, dst_max, src, count, kind), what)
+
+    # ------------------------------------------------------------------------------- run
+    def run(self, graph: AclGraph, inputs, outputs=None):
+        """inputs: DeviceTensors, or host arrays (copied into the graph's own input buffers); every
+        input at a compiled gear's size. Outputs not placed in `outputs` come back in the graph's own
+        buffers: valid until the next run of the same graph."""
+        self._enter()
+        outputs = outputs or {}
+        graph = self._own(graph)
+        _check_io_names(graph, inputs, outputs)
+        gear_index = self._pick_gear(graph, inputs)
+        gear = graph.gears[gear_index]
+        self.calls[graph.name] += 1
+        started = time.perf_counter()
+        queued = False  # anything on the stream: synchronize even when a later step fails
+        try:
+            in_places = []
+            for io in graph.inputs:
+                in_places.append(self._input_place(graph, io, inputs))
+                queued = queued or (io is not graph.hidden and not isinstance(inputs[io.name], DeviceTensor))
+            out_places = [self._output_place(graph, io, gear, outputs) for io in graph.outputs]
+            data = self._bind(graph, gear_index, in_places, out_places)
+            self._set_gear(graph, gear, data)
+            self._call("acl.mdl.execute_async",
+                       self._acl.mdl.execute_async(graph.model_id, data.inputs, data.outputs, self._stream),
+                       f"graph {graph.name}")
+            queued = True
+        finally:
+            if queued:  # the stream is idle between public calls: sync memcpy and to_host rely on it
+                self._call("acl.rt.synchronize_stream", self._acl.rt.synchronize_stream(self._stream),
+                           f"graph {graph.name}")
+        self.seconds[graph.name] += time.perf_counter() - started
+        return self._results(graph, gear, outputs)
+
+    def _own(self, graph) -> AclGraph:
+        if not isinstance(graph, AclGraph) or not any(graph is g for g in self._graphs):
+            raise BackendError(f"internal error: graph {getattr(graph, 'name', graph)!r} was not loaded by this "
+                               "acl backend; please report this")
+        return graph
+
+    def _pick_gear(self, graph: AclGraph, inputs) -> int:
+        """The compiled gear the inputs' sizes on the graph's axes select; they must be one exactly
+        (Backend.plan rounded them up; padding is the caller's)."""
+        seen: dict[str, tuple[int, str]] = {}
+        for io in graph.inputs:
+            if io is graph.hidden:
+                continue
+            shape = tuple(inputs[io.name].shape)
+            if len(shape) != len(io.dims):
+                raise BackendError(f"graph {graph.name}: input {io.name} has shape {shape}, the OM model takes "
+                                   f"{len(io.dims)} dims {list(io.dims)}")
+            for d, (want, have, axis) in enumerate(zip(io.dims, shape, io.axes)):
+                if want >= 0:
+                    if want != have:
+                        raise BackendError(f"graph {graph.name}: input {io.name} has size {have} on dim {d}, the OM "
+                                           f"model was compiled for {want} (shape {list(io.dims)})")
+                    continue
+                axis = axis or f"{io.name}[{d}]"
+                first = seen.setdefault(axis, (have, io.name))
+                if first[0] != have:
+                    raise BackendError(f"graph {graph.name}: axis {axis} has size {first[0]} in {first[1]} but "
+                                       f"{have} in {io.name}")
+        for index, gear in enumerate(graph.gears):
+            if all(gear.sizes.get(axis) == size for axis, (size, _) in seen.items()):
+                return index
+        for axis, (size, tensor) in seen.items():
+            compiled = sorted({g.sizes[axis] for g in graph.gears if axis in g.sizes})
+            if size not in compiled:
+                raise BackendError(f"graph {graph.name}: input {tensor} has size {size} on axis {axis}, which is not "
+                                   f"a compiled gear (gears: {compiled}); plan the call with backend.plan(graph, "
+                                   f"{axis!r}, n) and pad to that size")
+        raise BackendError(f"graph {graph.name}: sizes {({a: s for a, (s, _) in seen.items()})} are not one of the "
+                           f"compiled profiles {[g.sizes for g in graph.gears]}")
+
+    def _bind(self, graph: AclGraph, gear_index: int, in_places, out_places) -> _GearData:
+        """The gear's datasets pointed at this run's memory. Built on the gear's first run, one data
+        buffer per om input and output, the hidden input included [ascend.md 3.3.1-3.3.2]; later runs
+        only re-point those buffers (acl.update_data_buffer [MMD]), creating nothing."""
+        data = graph.gear_data.get(gear_index)
+        if data is not None:
+            for buffer, (address, nbytes), io in zip(data.input_buffers + data.output_buffers, in_places + out_places,
+                                                     graph.inputs + graph.outputs):
+                self._call("acl.update_data_buffer", self._acl.update_data_buffer(buffer, address, nbytes),
+                           f"graph {graph.name}, {io.name}")
+            return data
+        acl, what = self._acl, f"graph {graph.name}"
+        data = _GearData(0, 0, [], [])
+        try:
+            data.inputs = self._handle("acl.mdl.create_dataset", acl.mdl.create_dataset(), what)
+            data.outputs = self._handle("acl.mdl.create_dataset", acl.mdl.create_dataset(), what)
+            for dataset, ios, places, buffers in ((data.inputs, graph.inputs, in_places, data.input_buffers),
+                                                  (data.outputs, graph.outputs, out_places, data.output_buffers)):
+                for io, (address, nbytes) in zip(ios, places):  # om index order [ascend.md 3.3.2]
+                    buffer = self._handle("acl.create_data_buffer", acl.create_data_buffer(address, nbytes),
+                                          f"{what}, {io.name}")
+                    buffers.append(buffer)
+                    self._value("acl.mdl.add_dataset_buffer", acl.mdl.add_dataset_buffer(dataset, buffer),
+                                f"{what}, {io.name}")
+        except BaseException:
+            _destroy_gear_data(acl, data, what, [])  # a half-built gear is rebuilt on its next run
+            raise
+        graph.gear_data[gear_index] = data
+        return data
+
+    def _input_place(self, graph: AclGraph, io: _Io, inputs) -> tuple[int, int]:
+        """(device address, bytes) an input is read from this run."""
+        if io is graph.hidden:
+            return graph.hidden_buffer.ptr, io.nbytes  # set_dynamic_* fills it [MMD, ACLL]
+        value = inputs[io.name]
+        if isinstance(value, DeviceTensor):
+            if np.dtype(value.dtype) != io.dtype:
+                raise BackendError(f"graph {graph.name}: input {io.name} is {np.dtype(value.dtype)} on the device, "
+                                   f"the OM model takes {io.dtype}")
+            return self._address(value), value.nbytes
+        return self._stage(graph, io, value)
+
+    def _stage(self, graph: AclGraph, io: _Io, array) -> tuple[int, int]:
+        """Host array -> pinned staging -> memcpy_async into the graph's own input buffer (queued on the
+        stream ahead of the model, so one synchronize covers both)."""
+        array = _as_om_dtype(graph, io, array)
+        staged = graph.host_inputs.get(io.name)
+        if staged is None:
+            staged = graph.host_inputs[io.name] = self._host_input(graph, io)
+        nbytes = array.nbytes
+        if nbytes > staged.device.nbytes:
+            raise BackendError(f"graph {graph.name}: input {io.name} {array.shape} is {nbytes} bytes, more than the "
+                               f"largest gear's {staged.device.nbytes}")
+        staged.host[:nbytes] = array.reshape(-1).view(np.uint8)
+        if nbytes:
+            self._call("acl.rt.memcpy_async",
+                       self._acl.rt.memcpy_async(staged.device.ptr, staged.device.nbytes, staged.host_ptr, nbytes,
+                                                 MEMCPY_HOST_TO_DEVICE, self._stream),
+                       f"graph {graph.name}, input {io.name}")
+        self._count("to_device", array.shape, nbytes)
+        return staged.device.ptr, nbytes
+
+    def _host_input(self, graph: AclGraph, io: _Io) -> _HostInput:
+        size = max(io.nbytes, 1)
+        device = self._malloc(size, f"graph {graph.name} input {io.name}", graph_owned=True)
+        host_ptr = self._value("acl.rt.malloc_host", self._acl.rt.malloc_host(size),
+                               f"graph {graph.name} input {io.name}, {size} bytes")
+        self._host_blocks.append(host_ptr)
+        host = np.ctypeslib.as_array((ctypes.c_uint8 * size).from_address(host_ptr))
+        return _HostInput(host_ptr, host, device)
+
+    def _output_place(self, graph: AclGraph, io: _Io, gear: _Gear, outputs) -> tuple[int, int]:
+        """(device address, bytes) an output is written to this run."""
+        target = outputs.get(io.name)
+        if target is None:
+            buffer = graph.output_buffers.get(io.name)
+            if buffer is None:
+                buffer = graph.output_buffers[io.name] = self._malloc(
+                    io.nbytes, f"graph {graph.name} output {io.name}", graph_owned=True)
+            return buffer.ptr, io.nbytes
+        want = _gear_shape(io, gear)
+        if tuple(target.shape) != want or np.dtype(target.dtype) != io.dtype:
+            raise BackendError(f"graph {graph.name}: output {io.name} at this gear is {want} {io.dtype}, the tensor "
+                               f"given for it is {tuple(target.shape)} {np.dtype(target.dtype)}")
+        # [unconfirmed] the real runtime accepting an output buffer sized for the current gear, not
+        # the largest (mmdeploy always passes the largest [MMD]); if it refuses, place the result in
+        # the graph's own buffer and copy it device to device here.
+        return self._address(target), target.nbytes
+
+    def _set_gear(self, graph: AclGraph, gear: _Gear, data: _GearData) -> None:
+        """Gear models need the gear set on the input dataset before every execute, at the hidden
+        input's index [ascend.md 3.4.1-3.4.2, MMD]."""
+        if graph.hidden is None:
+            return
+        acl, what = self._acl, f"graph {graph.name}, gear {gear.sizes}"
+        if graph.mode == "dynamic_batch":
+            self._call("acl.mdl.set_dynamic_batch_size",
+                       acl.mdl.set_dynamic_batch_size(graph.model_id, data.inputs, graph.hidden.index, gear.value), what)
+        else:
+            self._call("acl.mdl.set_input_dynamic_dims",
+                       acl.mdl.set_input_dynamic_dims(graph.model_id, data.inputs, graph.hidden.index, gear.value), what)
+
+    def _results(self, graph: AclGraph, gear: _Gear, outputs) -> dict[str, DeviceTensor]:
+        """Every output at the gear's shape, read with get_cur_output_dims (never the largest gear's
+        dims [C-1466, ascend.md 3.4.4])."""
+        result = {}
+        for io in graph.outputs:
+            dims = self._value("acl.mdl.get_cur_output_dims", self._acl.mdl.get_cur_output_dims(graph.desc, io.index),
+                               f"graph {graph.name}, output {io.name}")
+            shape = tuple(int(d) for d in dims["dims"][:dims.get("dimCount", len(dims["dims"]))])
+            target = outputs.get(io.name)
+            if target is not None:
+                if shape != tuple(target.shape):
+                    raise BackendError(f"graph {graph.name}: output {io.name} came out {shape}, but {tuple(target.shape)} "
+                                       "was expected at this gear; the OM model does not match om_manifest.json: "
+                                       "convert the bundle again")
+                result[io.name] = target
+                continue
+            buffer = graph.output_buffers[io.name]
+            if int(np.prod(shape, dtype=np.int64)) * io.dtype.itemsize > buffer.nbytes:
+                raise BackendError(f"graph {graph.name}: output {io.name} came out {shape}, larger than its largest "
+                                   f"gear's {buffer.nbytes} bytes")
+            result[io.name] = DeviceTensor(shape, io.dtype, (buffer, 0))
+        return result
+
+    # ---------------------------------------------------------------------------- teardown
+    def close(self) -> None:
+        """Teardown in the documented order [ascend.md 3.1.5]; idempotent. Every step is tried even
+        when one fails (the first failure is raised at the end)."""
+        if self.closed:
+            return
+        self.closed = True
+        self._teardown()
+
+    def _teardown(self) -> None:
+        acl, errors = self._acl, []
+
+        def attempt(call: str, ret, what: str = "") -> None:
+            if ret not in (ACL_SUCCESS, None):
+                errors.append(_error(acl, call, ret, what))
+
+        if self._context is not None:
+            try:
+                self._call("acl.rt.set_context", acl.rt.set_context(self._context))
+                _THREAD.owner = self._token
+            except BackendError as exc:
+                errors.append(exc)
+        for graph in self._graphs:
+            what = f"graph {graph.name}"
+            for data in graph.gear_data.values():
+                _destroy_gear_data(acl, data, what, errors)
+            graph.gear_data.clear()
+        for graph in self._graphs:
+            attempt("acl.mdl.destroy_desc", acl.mdl.destroy_desc(graph.desc), f"graph {graph.name}")
+        for graph in self._graphs:
+            attempt("acl.mdl.unload", acl.mdl.unload(graph.model_id), f"graph {graph.name}")
+            graph.host_inputs.clear()
+            graph.output_buffers.clear()
+            graph.hidden_buffer = None
+        self._graphs.clear()
+        for allocation in list(self._allocations):
+            allocation.freed = True
+            attempt("acl.rt.free", acl.rt.free(allocation.ptr), allocation.what)
+        self._allocations.clear()
+        for host_ptr in self._host_blocks:
+            attempt("acl.rt.free_host", acl.rt.free_host(host_ptr))
+        self._host_blocks.clear()
+        if self._stream is not None:
+            attempt("acl.rt.destroy_stream", acl.rt.destroy_stream(self._stream))
+            self._stream = None
+        if self._context is not None:
+            attempt("acl.rt.destroy_context", acl.rt.destroy_context(self._context))
+            self._context = None
+            if getattr(_THREAD, "owner", None) is self._token:
+                _THREAD.owner = None
+        if self._device_set:
+            attempt("acl.rt.reset_device", acl.rt.reset_device(self.device_id), f"npu:{self.device_id}")
+            self._device_set = False
+        try:
+            _release_acl(acl)
+        except BackendError as exc:
+            errors.append(exc)
+        if errors:
+            raise errors[0]
+
+
+# ------------------------------------------------------------------------------------- helpers
+def _destroy_gear_data(acl, data: _GearData, what: str, errors: list) -> None:
+    """Data buffers first, then the datasets: destroy_dataset frees neither the data buffers nor
+    their memory [ascend.md 2, MMD]. Failures are collected, not raised: teardown goes on."""
+    for buffer in data.input_buffers + data.output_buffers:
+        ret = acl.destroy_data_buffer(buffer)
+        if ret not in (ACL_SUCCESS, None):
+            errors.append(_error(acl, "acl.destroy_data_buffer", ret, what))
+    for dataset in (data.inputs, data.outputs):
+        if dataset:
+            ret = acl.mdl.destroy_dataset(dataset)
+            if ret not in (ACL_SUCCESS, None):
+                errors.append(_error(acl, "acl.mdl.destroy_dataset", ret, what))
+    data.input_buffers.clear()
+    data.output_buffers.clear()
+    data.inputs = data.outputs = 0
+
+
+def _om_path(name: str, path: str, compiled: dict | None) -> Path:
+    if compiled is None:
+        raise BundleError(f"graph {name} ({path}): not an OM bundle: convert it with python -m om.convert BUNDLE "
+                          "--soc SOC --out OM_BUNDLE, then load OM_BUNDLE with backend='acl'")
+    if not compiled.get("om_file"):
+        raise BundleError(f"graph {name}: planned, not compiled (om_manifest.json has no om_file): run python -m "
+                          "om.convert on a machine with CANN's atc, or the atc/*.atc.sh scripts it wrote")
+    om_path = Path(compiled["root"]) / compiled["om_file"]
+    if not om_path.is_file():
+        raise BundleError(f"graph {name}: {om_path} is missing; convert the bundle again (python -m om.convert)")
+    return om_path
+
+
+def _check_names(where: str, compiled: dict, inputs: list[_Io], outputs: list[_Io]) -> None:
+    """Bind by name, never by position: the OM's names must be the manifest's (the order may differ)."""
+    want_in = sorted(t["name"] for t in compiled.get("inputs", []) if not t.get("hidden"))
+    want_out = sorted(t["name"] for t in compiled.get("outputs", []))
+    have_in, have_out = sorted(io.name for io in inputs), sorted(io.name for io in outputs)
+    if (want_in and have_in != want_in) or (want_out and have_out != want_out):
+        raise BundleError(f"{where}: the OM model has inputs {have_in} and outputs {have_out}, om_manifest.json "
+                          f"lists {want_in} and {want_out}; convert the bundle again (python -m om.convert)")
+
+
+def _profile_sizes(where: str, entry: dict, visible: list[_Io], placeholders, axis_of) -> dict[str, int]:
+    """One get_input_dynamic_dims entry -> axis sizes. Its dims are the concatenated full shapes of
+    all inputs in om order [P-0226]; a list of only the -1 values is read too [unconfirmed which one
+    every CANN version returns]."""
+    values = [int(v) for v in entry["dims"][:entry.get("dimCount", len(entry["dims"]))]]
+    if len(values) == sum(len(io.dims) for io in visible):
+        offsets, at = {}, 0
+        for io in visible:
+            offsets[io.name] = at
+            at += len(io.dims)
+        picked = [values[offsets[io.name] + d] for io, d in placeholders]
+    elif len(values) == len(placeholders):
+        picked = values
+    else:
+        raise BundleError(f"{where}: a dynamic dims gear {values} matches neither the inputs' dims nor their "
+                          f"{len(placeholders)} dynamic dims; convert the bundle again")
+    sizes: dict[str, int] = {}
+    for axis, value in zip(axis_of, picked):
+        if sizes.setdefault(axis, value) != value:
+            raise BundleError(f"{where}: a dynamic dims gear {values} gives axis {axis} two sizes; the model's inputs "
+                              "do not share their axes as om_manifest.json says: convert the bundle again")
+    return sizes
+
+
+def _check_gears(where: str, gears: list[_Gear], sizes: dict[str, tuple[int, ...]]) -> None:
+    """The gears compiled into the OM against om_manifest.json's axes: a mismatch between what the
+    converter thinks atc compiled and what it did must surface here, not as a wrong result."""
+    for axis in sorted({axis for gear in gears for axis in gear.sizes}):
+        have = sorted({gear.sizes[axis] for gear in gears})
+        want = sorted(sizes.get(axis, ()))
+        if have != want:
+            raise BundleError(f"{where}: the OM model was compiled with sizes {have} on axis {axis}, om_manifest.json "
+                              f"says {want or 'none'}; convert the bundle again (python -m om.convert)")
+
+
+def _check_io_names(graph: AclGraph, inputs, outputs) -> None:
+    missing = [name for name in graph.input_names if name not in inputs]
+    if missing:
+        raise Sam3TrackError(f"graph {graph.name} needs input {missing[0]!r}")
+    unknown = [name for name in list(inputs) + list(outputs) if name not in graph.input_names + graph.output_names]
+    if unknown:
+        raise BackendError(f"internal error: graph {graph.name} has no tensor {unknown[0]!r}; please report this")
+
+
+def _as_om_dtype(graph: AclGraph, io: _Io, array) -> np.ndarray:
+    """Host inputs in the dtype the OM takes (get_input_data_type, which ATC may have changed, e.g.
+    --input_fp16_nodes [ascend.md 3.3.4]); only casts that keep the kind of value (or from bool)."""
+    array = np.asarray(array)
+    if array.dtype != io.dtype:
+        if not (array.dtype == np.bool_ or np.can_cast(array.dtype, io.dtype, "same_kind")):
+            raise BackendError(f"graph {graph.name}: input {io.name} is {array.dtype} on the host, the OM model takes "
+                               f"{io.dtype}")
+        array = array.astype(io.dtype)
+    return np.ascontiguousarray(array)
+
+
+def _gear_shape(io: _Io, gear: _Gear) -> tuple[int, ...]:
+    """An output's shape at `gear`: its largest-gear dims with every gear axis at the gear's size."""
+    return tuple(gear.sizes.get(axis, d) if axis is not None else d for d, axis in zip(io.dims, io.axes))
+
+
+def _runs(rows: np.ndarray):
+    """(start, end) of every run of consecutive ascending indices in `rows`."""
+    if rows.size == 0:
+        return []
+    breaks = np.flatnonzero(np.diff(rows) != 1) + 1
+    return list(zip([0, *breaks.tolist()], [*breaks.tolist(), rows.size]))
