@@ -377,12 +377,13 @@ def test_two_backends_share_acl_init(emu, tmp_path):
 
 # ------------------------------------------------------------------------ emulator accessors
 def _copy_stats(emu) -> dict:
-    raise NotImplementedError
+    st = emu.stats
+    return {"h2d": st.h2d_count, "d2h": st.d2h_count, "h2d_bytes": st.h2d_bytes, "d2h_bytes": st.d2h_bytes}
 
 
 def _dataset_stats(emu) -> dict:
-    raise NotImplementedError
+    return {"datasets": emu.stats.datasets_created, "data_buffers": emu.stats.data_buffers_created}
 
 
 def _leaks(emu) -> list:
-    raise NotImplementedError
+    return list(emu.stats.leaks)

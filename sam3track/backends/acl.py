@@ -763,8 +763,8 @@ def _om_path(name: str, path: str, compiled: dict | None) -> Path:
         raise BundleError(f"graph {name} ({path}): not an OM bundle: convert it with python -m om.convert BUNDLE "
                           "--soc SOC --out OM_BUNDLE, then load OM_BUNDLE with backend='acl'")
     if not compiled.get("om_file"):
-        raise BundleError(f"graph {name}: planned, not compiled (om_manifest.json has no om_file): run python -m "
-                          "om.convert on a machine with CANN's atc, or the atc/*.atc.sh scripts it wrote")
+        raise BundleError(f"graph {name}: planned, not compiled: run python -m om.convert on a machine with CANN's "
+                          "atc, or the atc/*.atc.sh scripts it wrote (om_manifest.json has no om_file)")
     om_path = Path(compiled["root"]) / compiled["om_file"]
     if not om_path.is_file():
         raise BundleError(f"graph {name}: {om_path} is missing; convert the bundle again (python -m om.convert)")
