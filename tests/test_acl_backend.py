@@ -194,6 +194,18 @@ def test_tensor_ops(backend):
     backend.free(t)  # a second free is a no-op
 
 
+def test_a_tensor_nobody_references_is_freed_by_the_next_call(backend, emu):
+    kept = backend.upload(np.ones(4, np.float32))
+    device_blocks = emu.stats.live_allocations
+    backend.upload(np.ones(4, np.float32))  # dropped at once, as run(graph, {"x": upload(x)}) drops it
+    assert backend.live_allocations == 1
+    backend.to_host(kept)  # the next call frees it
+    assert emu.stats.live_allocations == device_blocks
+    view = backend.rows(backend.upload(np.arange(4, dtype=np.float32)), 1, 2)  # a view keeps its block
+    backend.to_host(kept)
+    np.testing.assert_array_equal(backend.to_host(view), [1, 2])
+
+
 def test_to_host_returns_memory_the_caller_owns(backend):
     t = backend.upload(np.ones((2, 2), np.float32))
     out = backend.to_host(t)
@@ -349,10 +361,11 @@ def test_close_is_idempotent_frees_everything_and_refuses_later_calls(emu, tmp_p
     graph = backend.load("batch", "batch.onnx", batch_om(tmp_path))
     dims = backend.load("dims", "dims.onnx", dims_om(tmp_path))
     pool = backend.zeros((8, 4), np.float32)
-    backend.upload(np.ones(3, np.float32))  # never freed by the caller: close() frees it
+    kept = backend.upload(np.ones(3, np.float32))  # never freed by the caller: close() frees it
     backend.run(graph, {"x": _rand(2, 4), "flag": np.zeros(2, np.float32), "bias": np.zeros(4, np.float32)},
                 {"y": backend.rows(pool, 0, 2)})
     backend.run(dims, {"a": _rand(1, 3), "mask": np.ones((1, 1), np.float32), "b": _rand(2, 3)})
+    backend.upload(np.ones(3, np.float32))  # unreferenced, still queued when close() comes
     backend.close()
     backend.close()
     assert _leaks(emu) == []

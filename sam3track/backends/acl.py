@@ -6,7 +6,8 @@ error-code table) and say [unconfirmed] where no public source confirmed the beh
 
 Design
 - Handles: a DeviceTensor's handle is (_Allocation, byte offset). Views (rows, reshape) are interior
-  pointers into the same allocation; freeing the allocation makes every view of it fail on use.
+  pointers into the same allocation; freeing the allocation makes every view of it fail on use. As
+  with ONNX Runtime, a block nobody references any more is released too (at the next call).
 - Graphs: one AclGraph per OM model (its desc, input/output descriptions read from the desc BY NAME,
   its compiled gears) with buffers it owns: device input buffers + pinned host staging for inputs
   that arrive as numpy arrays, the hidden `ascend_mbatch_shape_data` buffer, one output buffer per
@@ -27,6 +28,7 @@ import ctypes
 import re
 import threading
 import time
+import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -138,14 +140,16 @@ def _import_acl():
 # --------------------------------------------------------------------------------- state records
 @dataclass(eq=False)
 class _Allocation:
-    """One rt.malloc block. `graph_owned` blocks (a graph's output buffers) are released by close()
-    only: free() on a result tensor is a no-op, as results are only valid until the graph's next run."""
+    """One rt.malloc block. `graph_owned` blocks (a graph's input/output buffers) are released by
+    close() only: free() on a result tensor is a no-op, as results are only valid until the graph's
+    next run. Other blocks belong to the DeviceTensors (and views) that hold them."""
 
     ptr: int
     nbytes: int
     what: str
     graph_owned: bool = False
     freed: bool = False
+    collected: Any = field(default=None, repr=False)  # weakref.finalize: queues the block when unreferenced
 
 
 @dataclass
@@ -218,7 +222,12 @@ class AclBackend(Backend):
         self._acl = acl = _import_acl()
         self.closed = False
         self._graphs: list[AclGraph] = []
-        self._allocations: dict[_Allocation, None] = {}  # every rt.malloc block not yet freed
+        # Tensors' blocks are held by their DeviceTensors only, as ONNX Runtime's are: one nobody
+        # references any more (an upload passed straight to run(), say) is queued by its finalizer and
+        # freed by the next call, on a thread with our context (a finalizer runs on any thread).
+        self._tensors: weakref.WeakSet[_Allocation] = weakref.WeakSet()
+        self._collected: list[int] = []  # pointers of unreferenced blocks, not yet freed
+        self._graph_blocks: list[_Allocation] = []  # graphs' own buffers, freed by close()
         self._host_blocks: list[int] = []  # every malloc_host block
         self._token = object()
         self._context = self._stream = None
@@ -258,6 +267,7 @@ class AclBackend(Backend):
         if self.closed:
             raise BackendError("the acl backend was closed (predictor.close()); load the bundle again")
         self._bind_context()
+        self._free_collected()
 
     def _bind_context(self) -> None:
         # The current context is per thread [ascend.md 3.1.3]: a worker thread starts with none (107002),
@@ -368,21 +378,32 @@ class AclBackend(Backend):
     # --------------------------------------------------------------------------- tensors
     @property
     def live_allocations(self) -> int:
-        """Tensors from upload/empty/zeros not yet freed (graphs' own buffers are not counted)."""
-        return sum(1 for a in self._allocations if not a.graph_owned)
+        """Tensors from upload/empty/zeros neither freed nor unreferenced (graphs' own buffers are not
+        counted)."""
+        return sum(1 for a in list(self._tensors) if not a.freed)
 
     def _malloc(self, nbytes: int, what: str, graph_owned: bool = False) -> _Allocation:
         # malloc(0) is invalid [P-0114]: an empty tensor still gets a (tiny) block of its own
         ptr = self._value("acl.rt.malloc", self._acl.rt.malloc(max(int(nbytes), 1), ACL_MEM_MALLOC_HUGE_FIRST),
                           f"{what}, {nbytes} bytes")
         allocation = _Allocation(ptr, int(nbytes), what, graph_owned)
-        self._allocations[allocation] = None
+        if graph_owned:
+            self._graph_blocks.append(allocation)
+        else:
+            self._tensors.add(allocation)
+            allocation.collected = weakref.finalize(allocation, self._collected.append, ptr)
         return allocation
 
     def _release(self, allocation: _Allocation) -> None:
         allocation.freed = True
-        del self._allocations[allocation]
+        allocation.collected.detach()
+        self._tensors.discard(allocation)
         self._call("acl.rt.free", self._acl.rt.free(allocation.ptr), allocation.what)
+
+    def _free_collected(self) -> None:
+        while self._collected:
+            ptr = self._collected.pop()
+            self._call("acl.rt.free", self._acl.rt.free(ptr), "a device tensor nobody references any more")
 
     def _tensor(self, shape, dtype, what: str) -> DeviceTensor:
         shape, dtype = tuple(int(s) for s in shape), np.dtype(dtype)
@@ -431,6 +452,7 @@ class AclBackend(Backend):
             return
         self._bind_context()
         self._release(allocation)
+        self._free_collected()
 
     def rows(self, tensor: DeviceTensor, start: int, count: int) -> DeviceTensor:
         allocation, offset = tensor.handle
@@ -534,8 +556,9 @@ class AclBackend(Backend):
             for d, (want, have, axis) in enumerate(zip(io.dims, shape, io.axes)):
                 if want >= 0:
                     if want != have:
-                        raise BackendError(f"graph {graph.name}: input {io.name} has size {have} on dim {d}, the OM "
-                                           f"model was compiled for {want} (shape {list(io.dims)})")
+                        on = f"axis {axis} (dim {d})" if axis else f"dim {d}"
+                        raise BackendError(f"graph {graph.name}: input {io.name} has size {have} on {on}, the OM "
+                                           f"model was compiled for {want} only (shape {list(io.dims)})")
                     continue
                 axis = axis or f"{io.name}[{d}]"
                 first = seen.setdefault(axis, (have, io.name))
@@ -714,10 +737,15 @@ class AclBackend(Backend):
             graph.output_buffers.clear()
             graph.hidden_buffer = None
         self._graphs.clear()
-        for allocation in list(self._allocations):
-            allocation.freed = True
-            attempt("acl.rt.free", acl.rt.free(allocation.ptr), allocation.what)
-        self._allocations.clear()
+        for allocation in list(self._tensors) + self._graph_blocks:
+            if not allocation.freed:
+                allocation.freed = True
+                if allocation.collected is not None:
+                    allocation.collected.detach()
+                attempt("acl.rt.free", acl.rt.free(allocation.ptr), allocation.what)
+        self._graph_blocks.clear()
+        while self._collected:
+            attempt("acl.rt.free", acl.rt.free(self._collected.pop()), "a device tensor nobody references any more")
         for host_ptr in self._host_blocks:
             attempt("acl.rt.free_host", acl.rt.free_host(host_ptr))
         self._host_blocks.clear()
