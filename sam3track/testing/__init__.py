@@ -1,0 +1,1 @@
+"""Test helpers shipped with sam3track (no hardware needed)."""
