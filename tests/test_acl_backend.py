@@ -162,6 +162,15 @@ def test_om_gears_that_disagree_with_the_manifest_are_refused(backend, tmp_path)
         backend.load("dims", "dims.onnx", compiled)
 
 
+def test_an_om_whose_output_size_is_unknown_is_refused_at_load(backend, tmp_path):
+    onnx_bytes = _onnx([helper.make_node("Add", ["x", "x"], ["y"])], [helper.make_tensor_value_info("x", F32, [2, 3])],
+                       [helper.make_tensor_value_info("y", F32, [2, 3])])
+    compiled = _write_om(tmp_path, "unsized", onnx_bytes, "static", [("x", "float32", [2, 3], [None, None])],
+                         [("y", "float32", [2, -1], [None, None])])
+    with pytest.raises(BundleError, match=r"graph unsized .*output y has dims \[2, -1\] and size 0"):
+        backend.load("unsized", "unsized.onnx", compiled)
+
+
 # ------------------------------------------------------------------------------------ tensors
 def test_tensor_ops(backend):
     a = _rand(5, 3)

@@ -317,6 +317,7 @@ class AclBackend(Backend):
                                     acl.mdl.get_output_size_by_index(desc, i), manifest_io))
         hidden = next((io for io in inputs if io.name == HIDDEN_INPUT), None)
         visible = [io for io in inputs if io is not hidden]
+        _check_sized(where, visible, outputs)
         _check_names(where, compiled, visible, outputs)
         gears = self._read_gears(where, compiled, desc, visible, hidden)
         sizes = {axis: tuple(int(s) for s in values) for axis, values in compiled["axes"].items()}
@@ -807,6 +808,17 @@ def _check_names(where: str, compiled: dict, inputs: list[_Io], outputs: list[_I
     if (want_in and have_in != want_in) or (want_out and have_out != want_out):
         raise BundleError(f"{where}: the OM model has inputs {have_in} and outputs {have_out}, om_manifest.json "
                           f"lists {want_in} and {want_out}; convert the bundle again (python -m om.convert)")
+
+
+def _check_sized(where: str, inputs: list[_Io], outputs: list[_Io]) -> None:
+    """Buffers are sized from the desc: every output needs its largest-gear dims and size, every input
+    its size (shape-range models report 0 [P-dyn 0047]; the acl backend runs gear and static models)."""
+    for kind, ios in (("input", inputs), ("output", outputs)):
+        for io in ios:
+            if io.nbytes <= 0 or (kind == "output" and any(d < 0 for d in io.dims)):
+                raise BundleError(f"{where}: {kind} {io.name} has dims {list(io.dims)} and size {io.nbytes} in the OM "
+                                  "model: its size is not fixed at compile time (a shape-range model, or atc could not "
+                                  "infer it); the acl backend runs static and gear models: convert the bundle again")
 
 
 def _profile_sizes(where: str, entry: dict, visible: list[_Io], placeholders, axis_of) -> dict[str, int]:
