@@ -289,7 +289,8 @@ class AclBackend(Backend):
             self._call("acl.mdl.get_desc", acl.mdl.get_desc(desc, model_id), f"graph {name}")
             graph = self._describe(name, om_path, compiled, model_id, desc)
             if graph.hidden is not None:  # sized by the desc, as mmdeploy does [MMD]
-                graph.hidden_buffer = self._malloc(graph.hidden.nbytes, f"graph {name} {HIDDEN_INPUT}", graph_owned=True)
+                graph.hidden_buffer = self._malloc(graph.hidden.nbytes, f"graph {name} {HIDDEN_INPUT}",
+                                                   graph_owned=True)
         except BaseException:
             if desc:
                 acl.mdl.destroy_desc(desc)
@@ -355,8 +356,9 @@ class AclBackend(Backend):
         mode = compiled.get("mode", "static")
         if hidden is None:
             if placeholders or mode != "static":
-                raise BundleError(f"{where}: om_manifest.json says mode {mode!r} but the OM model has "
-                                  f"{'dynamic dims without gears (a shape-range model, which the acl backend does not run)' if placeholders else 'no gears'}; "
+                found = ("dynamic dims without gears (a shape-range model, which the acl backend does not run)"
+                         if placeholders else "no gears")
+                raise BundleError(f"{where}: om_manifest.json says mode {mode!r} but the OM model has {found}; "
                                   "convert the bundle again (python -m om.convert) with gear modes")
             return [_Gear({}, None)]
         axis_of = [(io.axes[d] or f"{io.name}[{d}]") for io, d in placeholders]
@@ -673,12 +675,11 @@ class AclBackend(Backend):
         if graph.hidden is None:
             return
         acl, what = self._acl, f"graph {graph.name}, gear {gear.sizes}"
+        args = (graph.model_id, data.inputs, graph.hidden.index, gear.value)
         if graph.mode == "dynamic_batch":
-            self._call("acl.mdl.set_dynamic_batch_size",
-                       acl.mdl.set_dynamic_batch_size(graph.model_id, data.inputs, graph.hidden.index, gear.value), what)
+            self._call("acl.mdl.set_dynamic_batch_size", acl.mdl.set_dynamic_batch_size(*args), what)
         else:
-            self._call("acl.mdl.set_input_dynamic_dims",
-                       acl.mdl.set_input_dynamic_dims(graph.model_id, data.inputs, graph.hidden.index, gear.value), what)
+            self._call("acl.mdl.set_input_dynamic_dims", acl.mdl.set_input_dynamic_dims(*args), what)
 
     def _results(self, graph: AclGraph, gear: _Gear, outputs) -> dict[str, DeviceTensor]:
         """Every output at the gear's shape, read with get_cur_output_dims (never the largest gear's
@@ -691,8 +692,8 @@ class AclBackend(Backend):
             target = outputs.get(io.name)
             if target is not None:
                 if shape != tuple(target.shape):
-                    raise BackendError(f"graph {graph.name}: output {io.name} came out {shape}, but {tuple(target.shape)} "
-                                       "was expected at this gear; the OM model does not match om_manifest.json: "
+                    raise BackendError(f"graph {graph.name}: output {io.name} came out {shape}, but "
+                                       f"{tuple(target.shape)} was expected at this gear; the OM model does not match om_manifest.json: "
                                        "convert the bundle again")
                 result[io.name] = target
                 continue
