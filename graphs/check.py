@@ -147,7 +147,10 @@ class Checker:
         return self.sessions[name]
 
     def run(self, name, feeds):
-        return self.session(name).run(None, {k: np.ascontiguousarray(v) for k, v in feeds.items()})
+        """Run a graph on feeds given in the reference's types (int64 ids, bool flags), converted to
+        the types the graph takes, as the runtime converts them."""
+        dtypes = {t["name"]: np.dtype(t["dtype"]) for t in self.manifest["graphs"][name]["inputs"]}
+        return self.session(name).run(None, {k: np.ascontiguousarray(v, dtype=dtypes[k]) for k, v in feeds.items()})
 
     def compare(self, graph, case, names, got, ref, bf16_outputs=()):
         fp16 = self.manifest["graphs"][graph]["precision"] == "fp16"

@@ -24,7 +24,7 @@ from sam3track.bundle import file_sha256
 
 from .checkpoint import CheckpointError, load_model, load_tokenizer, validate_checkpoint, weights_sha256
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: int32 ids and indices, float32 flags (no int64 or bool inputs)
 OPSET = 17
 GRAPHS = ("text_encoder", "backbone", "grounding_head", "propagation_decoder", "memory_encoder", "mask_init")
 # Sizes used while tracing: 2 everywhere, so no axis is mistaken for a broadcastable 1.

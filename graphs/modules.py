@@ -154,10 +154,10 @@ class GroundingHead(nn.Module):
 
 # -------------------------------------------------------------------------------------- propagation
 def _key_padding_bias(valid: torch.Tensor) -> torch.Tensor:
-    """bool [N, L] -> additive attention bias [N, 1, 1, L]: 0 where valid, -inf where padding."""
+    """float [N, L] (1 valid, 0 padding) -> additive attention bias [N, 1, 1, L]: 0 or -inf."""
     zero = torch.zeros((), dtype=torch.float32)
     ninf = torch.full((), float("-inf"), dtype=torch.float32)
-    return torch.where(valid, zero, ninf)[:, None, None, :]
+    return torch.where(valid > 0.5, zero, ninf)[:, None, None, :]
 
 
 def _attend(q, k, v, bias=None, scale=1.0):
@@ -173,11 +173,11 @@ class PropagationDecoder(nn.Module):
     Inputs (N objects, K memory frames, P object pointers, all padded; *_valid marks real entries):
       tracker_feat_s0/_s1/tracker_feat [1, C*, H*, W*]: the current frame's tracker head.
       memory_pool [Sm, HW, Cm]: spatial memories (stored bf16-rounded, as the reference stores them).
-      memory_index [N, K] int64: rows of memory_pool for each object.
-      memory_slot [N, K] int64: temporal slot of each memory (index into the temporal encodings; the
+      memory_index [N, K] int32: rows of memory_pool for each object.
+      memory_slot [N, K] int32: temporal slot of each memory (index into the temporal encodings; the
         reference uses slot num_maskmem-1 for conditioning frames and t-1 for a frame t steps away).
-      memory_valid [N, K] bool.
-      pointer_pool [Sp, C]: object pointers. pointer_index [N, P] int64, pointer_valid [N, P] bool.
+      memory_valid [N, K] float32: 1 for real entries, 0 for padding.
+      pointer_pool [Sp, C]: object pointers. pointer_index [N, P] int32, pointer_valid [N, P] float32.
       pointer_offset [N, P] float32: signed frame distance divided by (max pointers used - 1).
     Outputs: low_res_masks [N, 1, L, L], iou_scores [N, M], object_score_logits [N, 1],
       object_pointer [N, C].
@@ -276,7 +276,7 @@ class PropagationDecoder(nn.Module):
 class MemoryEncoder(nn.Module):
     """Current tracker features + N mask logits -> N spatial memories [N, HW, Cm].
 
-    mask_logits [N, 1, L, L] are low-resolution logits. Per object, `binarize` picks the reference's
+    mask_logits [N, 1, L, L] are low-resolution logits. Per object, `binarize` (float, 1 = true) picks the reference's
     path: False (memory of a tracked frame) -> sigmoid of the logits resized to the memory size;
     True (objects re-encoded on a frame that adds objects) -> logits upsampled to the image size, then
     to the memory size, then thresholded at 0. object_score_logits [N, 1] > 0 marks the object as visible.
@@ -300,7 +300,7 @@ class MemoryEncoder(nn.Module):
                                   align_corners=False)
         hard = F.interpolate(image_res, size=self.memory_mask_size, mode="bilinear", align_corners=False) > 0
         hard = hard.to(mask_logits.dtype)
-        mask_for_mem = torch.where(binarize[:, None, None, None], hard, soft)
+        mask_for_mem = torch.where(binarize[:, None, None, None] > 0.5, hard, soft)
         mask_for_mem = mask_for_mem * trk.config.sigmoid_scale_for_mem_enc + trk.config.sigmoid_bias_for_mem_enc
         features, _ = trk.memory_encoder(tracker_feat.expand(n, -1, -1, -1), mask_for_mem)
         if trk.occlusion_spatial_embedding_parameter is not None:

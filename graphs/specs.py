@@ -1,5 +1,8 @@
 """Names, dtypes and symbolic shapes of every graph's inputs and outputs, plus seeded sample inputs.
 
+Graph inputs use only types every target handles well (Ascend's ATC included): int32 ids and
+indices, float32 masks and flags (1.0 = true); no int64 or bool crosses a graph boundary.
+
 One table drives the exporter (dynamic axes), the manifest (what the runtime binds) and the checker
 (which sizes of each dynamic axis to try).
 """
@@ -88,8 +91,8 @@ def graph_specs(d: Dims) -> dict[str, GraphSpec]:
     return {
         "text_encoder": GraphSpec(
             "text_encoder", modules.TextEncoder,
-            inputs=(TensorSpec("input_ids", "int64", ("prompts", d.text_length)),
-                    TensorSpec("attention_mask", "int64", ("prompts", d.text_length))),
+            inputs=(TensorSpec("input_ids", "int32", ("prompts", d.text_length)),
+                    TensorSpec("attention_mask", "int32", ("prompts", d.text_length))),
             outputs=(TensorSpec("text_features", "float32", ("prompts", d.text_length, d.text_width)),),
         ),
         "backbone": GraphSpec(
@@ -101,7 +104,7 @@ def graph_specs(d: Dims) -> dict[str, GraphSpec]:
             "grounding_head", modules.GroundingHead,
             inputs=detector_head + (
                 TensorSpec("text_features", "float32", ("prompts", d.text_length, d.text_width)),
-                TensorSpec("text_mask", "int64", ("prompts", d.text_length)),
+                TensorSpec("text_mask", "int32", ("prompts", d.text_length)),
             ),
             outputs=(
                 TensorSpec("pred_logits", "float32", ("prompts", d.num_queries)),
@@ -114,13 +117,13 @@ def graph_specs(d: Dims) -> dict[str, GraphSpec]:
             "propagation_decoder", modules.PropagationDecoder,
             inputs=tracker_head + (
                 TensorSpec("memory_pool", "float32", ("memory_rows", hw, cm)),
-                TensorSpec("memory_index", "int64", ("objects", "memories")),
-                TensorSpec("memory_slot", "int64", ("objects", "memories")),
-                TensorSpec("memory_valid", "bool", ("objects", "memories")),
+                TensorSpec("memory_index", "int32", ("objects", "memories")),
+                TensorSpec("memory_slot", "int32", ("objects", "memories")),
+                TensorSpec("memory_valid", "float32", ("objects", "memories")),
                 TensorSpec("pointer_pool", "float32", ("pointer_rows", c)),
-                TensorSpec("pointer_index", "int64", ("objects", "pointers")),
+                TensorSpec("pointer_index", "int32", ("objects", "pointers")),
                 TensorSpec("pointer_offset", "float32", ("objects", "pointers")),
-                TensorSpec("pointer_valid", "bool", ("objects", "pointers")),
+                TensorSpec("pointer_valid", "float32", ("objects", "pointers")),
             ),
             outputs=(
                 TensorSpec("low_res_masks", "float32", ("objects", 1, l, l)),
@@ -135,7 +138,7 @@ def graph_specs(d: Dims) -> dict[str, GraphSpec]:
                 tracker_head[2],
                 TensorSpec("mask_logits", "float32", ("objects", 1, l, l)),
                 TensorSpec("object_score_logits", "float32", ("objects", 1)),
-                TensorSpec("binarize", "bool", ("objects",)),
+                TensorSpec("binarize", "float32", ("objects",)),
             ),
             outputs=(TensorSpec("maskmem_features", "float32", ("objects", hw, cm)),),
         ),
@@ -202,7 +205,15 @@ def sample_inputs(spec: GraphSpec, d: Dims, sizes: dict[str, int], seed: int = 0
 
     if spec.name == "propagation_decoder":
         out.update(_memory_layout(sizes, gen))
-    return out
+    return {t.name: as_spec_dtype(out[t.name], t) for t in spec.inputs}
+
+
+_TORCH_DTYPES = {"float32": torch.float32, "int32": torch.int32}
+
+
+def as_spec_dtype(value: torch.Tensor, spec: TensorSpec) -> torch.Tensor:
+    """A sample in the dtype the graph takes (bool flags become 1.0 / 0.0)."""
+    return value.to(_TORCH_DTYPES[spec.dtype])
 
 
 def F_smooth(x: torch.Tensor) -> torch.Tensor:

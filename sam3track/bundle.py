@@ -14,7 +14,7 @@ from pathlib import Path
 
 from .errors import BundleError
 
-SUPPORTED_FORMAT = 1
+SUPPORTED_FORMAT = 2  # 2: graph inputs are int32 / float32 (no int64 or bool)
 OM_MANIFEST = "om_manifest.json"  # written by `python -m om.convert` next to manifest.json
 SUPPORTED_OM_FORMAT = 1
 REQUIRED_GRAPHS = ("text_encoder", "backbone", "grounding_head", "propagation_decoder", "memory_encoder",

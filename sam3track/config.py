@@ -73,6 +73,27 @@ class TrackerConfig:
     # farthest from the current frame goes first. The reference attends to every one of them;
     # 0 keeps all, as the reference.
     max_conditioning_frames: int = 16
+    # The device pools of memories and object pointers have a fixed size, set when a session starts
+    # (a static-shape backend compiles them into its graphs): room for this many objects tracked at
+    # once, with the typical memories each. A video that needs more raises CapacityError naming it.
+    pool_objects: int = 64
+
+    def capacities(self) -> dict[str, int]:
+        """The fixed sizes of the propagation decoder's bounded axes (an OM bundle compiles these;
+        om.convert reads them from here):
+        - memories: the spatial memories one object attends to (selected conditioning frames + the
+          num_maskmem-1 recent frames);
+        - pointers: one object's object pointers (every kept conditioning frame + max_ptr-1 recent ones);
+        - memory_rows, pointer_rows: the pools, room for pool_objects objects with 8 entries each
+          beyond the recent window (conditioning frames, frames pinned for a "both" pass), + the zero row."""
+        kept_cond = self.max_conditioning_frames or 16  # "keep all" is bounded here only for fixed-size graphs
+        selected_cond = self.max_cond_frame_num if self.max_cond_frame_num != -1 else kept_cond
+        return {
+            "memories": selected_cond + self.num_maskmem - 1,
+            "pointers": kept_cond + self.max_object_pointers_in_encoder - 1,
+            "memory_rows": 1 + self.pool_objects * (self.num_maskmem + 8),
+            "pointer_rows": 1 + self.pool_objects * (self.max_object_pointers_in_encoder + 8),
+        }
 
     @classmethod
     def from_manifest(cls, manifest: dict, **overrides) -> "TrackerConfig":
@@ -118,6 +139,7 @@ _PROBABILITIES = ("score_threshold_detection", "det_nms_thresh", "assoc_iou_thre
 _WHOLE_NUMBERS = {
     "hotstart_delay": 0, "hotstart_unmatch_thresh": 0, "hotstart_dup_thresh": 0, "fill_hole_area": 0,
     "recondition_every_nth_frame": 0, "retire_unseen_after": 0, "max_conditioning_frames": 0, "max_num_objects": 1,
+    "pool_objects": 1,
     "num_maskmem": 1, "max_cond_frame_num": -1, "max_object_pointers_in_encoder": 1, "image_size": 1,
     "text_length": 1, "pad_token_id": 0, "low_res_mask_size": 1, "feature_grid": 1, "hidden_dim": 1,
     "memory_dim": 1, "num_queries": 1, "init_trk_keep_alive": None, "max_trk_keep_alive": None,

@@ -2,6 +2,7 @@
 
 1. backbone + grounding: one backbone call, one grounding_head call for all prompts;
 2. propagation: one propagation_decoder call for all tracked objects;
+(each "one call" is one per chunk when a static-shape backend caps the batch: call_sizes.py)
 3. planning: every heuristic decided on host masks and scores, nothing mutated (planning.py);
 4. execution: memory encoding, births (mask_init), removals, the registry updated from the plan;
 5. outputs: low-resolution masks per visible object (post-processing is the session's).
@@ -15,6 +16,7 @@ import numpy as np
 
 from . import mask_ops
 from .backends import Backend, DeviceTensor
+from .call_sizes import chunks, fixed_size, pad_rows
 from .memory_bank import MemoryBank, MemoryEntry
 from .objects import ObjectRegistry
 from .planning import Detections, FramePlan, plan_frame
@@ -54,25 +56,40 @@ class FrameLoop:
 
     # ----------------------------------------------------------------- 1. backbone + grounding
     def encode_frame(self, pixels: np.ndarray) -> dict[str, DeviceTensor]:
-        return self.backend.run(self.graphs["backbone"], {"pixel_values": self.backend.upload(pixels)})
+        b, graph = self.backend, self.graphs["backbone"]
+        size = fixed_size(b, graph, "images", 1, "a frame", "convert the bundle with --gears images=1")
+        out = b.run(graph, {"pixel_values": pad_rows(pixels, size)})
+        return out if size == 1 else {name: b.rows(t, 0, 1) for name, t in out.items()}
 
-    def detect(self, features, text_features: DeviceTensor, text_mask: DeviceTensor, num_prompts: int) -> Detections:
-        b, cfg = self.backend, self.config
-        inputs = {f"detector_fpn{i}": features[f"detector_fpn{i}"] for i in range(3)}
-        inputs.update(text_features=text_features, text_mask=text_mask)
-        out = b.run(self.graphs["grounding_head"], inputs)
-        probs = _sigmoid(b.to_host(out["pred_logits"])) * _sigmoid(b.to_host(out["presence_logits"]))
-        boxes = b.to_host(out["pred_boxes"])
-        q = probs.shape[1]
-        candidates = [np.flatnonzero(probs[k] > cfg.score_threshold_detection) for k in range(num_prompts)]
+    def detect(self, features, text_features: DeviceTensor, text_mask: np.ndarray, num_prompts: int) -> Detections:
+        """text_features: the session's prompt pool, laid out by `chunks` over "prompts" (padding rows
+        included); text_mask: its host attention masks, row for row."""
+        b, cfg, graph = self.backend, self.config, self.graphs["grounding_head"]
+        probs, boxes, candidates, masks_of = [], [], [], []
+        for chunk in chunks(b, graph, "prompts", num_prompts):
+            inputs = {f"detector_fpn{i}": features[f"detector_fpn{i}"] for i in range(3)}
+            inputs.update(text_features=b.rows(text_features, chunk.start, chunk.size),
+                          text_mask=text_mask[chunk.start:chunk.start + chunk.size])
+            out = b.run(graph, inputs)
+            real = {name: b.rows(out[name], 0, chunk.count) for name in ("pred_logits", "presence_logits",
+                                                                         "pred_boxes", "pred_masks")}
+            p = _sigmoid(b.to_host(real["pred_logits"])) * _sigmoid(b.to_host(real["presence_logits"]))
+            probs.append(p)
+            boxes.append(b.to_host(real["pred_boxes"]))
+            found = [np.flatnonzero(p[k] > cfg.score_threshold_detection) for k in range(chunk.count)]
+            candidates += found
+            # only candidates above threshold leave the device, a chunk's prompts in one copy
+            pred = real["pred_masks"]
+            q = pred.shape[1]
+            if any(c.size for c in found):
+                flat = b.reshape(pred, (chunk.count * q,) + tuple(pred.shape[2:]))
+                masks_of.append(b.to_host(flat, rows=np.concatenate([k * q + c for k, c in enumerate(found)])))
+        probs, boxes = np.concatenate(probs), np.concatenate(boxes)
         size = cfg.low_res_mask_size
         if not any(c.size for c in candidates):
             return Detections(np.zeros((0, size, size), np.float32), np.zeros(0, np.float32),
                               np.zeros((0, 4), np.float32), np.zeros(0, np.int64))
-        # only candidates above threshold leave the device, all prompts' in one copy
-        pred = out["pred_masks"]
-        flat = b.reshape(pred, (num_prompts * q,) + tuple(pred.shape[2:]))
-        all_masks = b.to_host(flat, rows=np.concatenate([k * q + c for k, c in enumerate(candidates)]))
+        all_masks = np.concatenate(masks_of)
         masks, scores, box_list, prompt_ids = [], [], [], []
         start = 0
         for k, valid in enumerate(candidates):
@@ -106,19 +123,24 @@ class FrameLoop:
             else:
                 raw[i], scores[i] = entry.low_res_mask, entry.object_score
         if fresh:
-            b, bank = self.backend, self.bank
+            b, bank, graph = self.backend, self.bank, self.graphs["propagation_decoder"]
+            fresh = np.asarray(fresh)
             ids = [obj_ids[i] for i in fresh]
             query = bank.query(ids, frame, reverse, num_frames)
-            rows = bank.pointers.allocate(len(ids))  # before reading the pool: allocation may grow it
-            inputs = {name: features[name] for name in ("tracker_feat_s0", "tracker_feat_s1", "tracker_feat")}
-            inputs.update(memory_pool=bank.memories.tensor, pointer_pool=bank.pointers.tensor)
-            for name, value in vars(query).items():
-                inputs[name] = b.upload(value)
-            target = bank.pointers.target(rows)
-            out = b.run(self.graphs["propagation_decoder"], inputs, {"object_pointer": target})
-            bank.pointers.commit(rows, target)
-            raw[fresh] = b.to_host(out["low_res_masks"])[:, 0]
-            scores[fresh] = b.to_host(out["object_score_logits"])[:, 0]
+            where = f"frame {frame}"
+            k = fixed_size(b, graph, "memories", query.memories, where, "lower max_cond_frame_num")
+            p = fixed_size(b, graph, "pointers", query.pointers, where, "lower max_conditioning_frames")
+            rows = bank.pointers.allocate(len(ids))
+            for chunk in chunks(b, graph, "objects", len(ids)):
+                inputs = {name: features[name] for name in ("tracker_feat_s0", "tracker_feat_s1", "tracker_feat")}
+                inputs.update(memory_pool=bank.memories.tensor, pointer_pool=bank.pointers.tensor)
+                inputs.update(vars(query.padded(chunk.start, chunk.count, chunk.size, k, p)))
+                chunk_rows = rows[chunk.items]
+                target = bank.pointers.target(chunk_rows, chunk.size)
+                out = b.run(graph, inputs, {"object_pointer": target})
+                bank.pointers.commit(chunk_rows, target)
+                raw[fresh[chunk.items]] = b.to_host(b.rows(out["low_res_masks"], 0, chunk.count))[:, 0]
+                scores[fresh[chunk.items]] = b.to_host(b.rows(out["object_score_logits"], 0, chunk.count))[:, 0]
             for i, obj_id, row in zip(fresh, ids, rows):
                 bank.add(obj_id, frame, MemoryEntry(int(row), float(scores[i]), low_res_mask=raw[i]), cond=False)
         return Propagation(raw, self._fill_holes(raw), scores)
@@ -134,30 +156,38 @@ class FrameLoop:
         n = len(obj_ids)
         if n == 0:
             return
-        b, pool = self.backend, self.bank.memories
+        b, pool, graph = self.backend, self.bank.memories, self.graphs["memory_encoder"]
         rows = pool.allocate(n)
-        target = pool.target(rows)
-        b.run(self.graphs["memory_encoder"], {
-            "tracker_feat": features["tracker_feat"],
-            "mask_logits": b.upload(logits.reshape(n, 1, *logits.shape[-2:]).astype(np.float32)),
-            "object_score_logits": b.upload(scores.reshape(n, 1).astype(np.float32)),
-            "binarize": b.upload(np.full((n,), binarize)),
-        }, {"maskmem_features": target})
-        pool.commit(rows, target)
+        logits = logits.reshape(n, 1, *logits.shape[-2:]).astype(np.float32)
+        scores = scores.reshape(n, 1).astype(np.float32)
+        for chunk in chunks(b, graph, "objects", n):
+            chunk_rows = rows[chunk.items]
+            target = pool.target(chunk_rows, chunk.size)
+            b.run(graph, {
+                "tracker_feat": features["tracker_feat"],
+                "mask_logits": pad_rows(logits[chunk.items], chunk.size),
+                "object_score_logits": pad_rows(scores[chunk.items], chunk.size),
+                "binarize": np.full((chunk.size,), float(binarize), np.float32),
+            }, {"maskmem_features": target})
+            pool.commit(chunk_rows, target)
         self.bank.set_memory_rows(obj_ids, frame, rows)
 
     def add_objects(self, features, obj_ids: list[int], det_masks: np.ndarray, frame: int) -> tuple[np.ndarray, np.ndarray]:
         """Births: the detection mask becomes the object's first (conditioning) output."""
-        b, bank, n = self.backend, self.bank, len(obj_ids)
+        b, bank, n, graph = self.backend, self.bank, len(obj_ids), self.graphs["mask_init"]
         binary = (det_masks >= 0.5).astype(np.float32)
         rows = bank.pointers.allocate(n)
-        target = bank.pointers.target(rows)
-        out = b.run(self.graphs["mask_init"], {"tracker_feat": features["tracker_feat"],
-                                               "masks": b.upload(binary[:, None])},
-                    {"object_pointer": target})
-        bank.pointers.commit(rows, target)
-        low_res = b.to_host(out["low_res_masks"])[:, 0]
-        scores = b.to_host(out["object_score_logits"])[:, 0]
+        low_res = np.zeros(binary.shape, np.float32)
+        scores = np.zeros(n, np.float32)
+        for chunk in chunks(b, graph, "objects", n):
+            chunk_rows = rows[chunk.items]
+            target = bank.pointers.target(chunk_rows, chunk.size)
+            out = b.run(graph, {"tracker_feat": features["tracker_feat"],
+                                "masks": pad_rows(binary[chunk.items, None], chunk.size)},
+                        {"object_pointer": target})
+            bank.pointers.commit(chunk_rows, target)
+            low_res[chunk.items] = b.to_host(b.rows(out["low_res_masks"], 0, chunk.count))[:, 0]
+            scores[chunk.items] = b.to_host(b.rows(out["object_score_logits"], 0, chunk.count))[:, 0]
         for i, (obj_id, row) in enumerate(zip(obj_ids, rows)):
             bank.add(obj_id, frame, MemoryEntry(int(row), float(scores[i]), low_res_mask=low_res[i]), cond=True)
         return binary, scores

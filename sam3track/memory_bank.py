@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .backends import Backend, DeviceTensor
-from .errors import Sam3TrackError
+from .errors import CapacityError, Sam3TrackError
 
 ZERO_ROW = 0  # every pool's row 0 stays zeros: padding entries of a query point at it
 
@@ -35,20 +35,21 @@ ZERO_ROW = 0  # every pool's row 0 stays zeros: padding entries of a query point
 class DevicePool:
     """Rows of one shape on the device, zero-filled, handed out one by one (no contiguity needed).
 
-    Capacity doubles when the free rows run out, so it stays within twice the peak of rows in use,
-    and halves (rows moved to the front, `shrink`) when at most a quarter is in use. The old buffer
-    is freed on the backend, so a view taken before a resize fails loudly instead of writing into
-    memory nobody reads.
+    The capacity is fixed when the pool is made: a static-shape backend (Ascend OM) compiles the pool
+    into the graphs that read it, and a fixed buffer never moves under a view. Rows are handed out
+    lowest first, so the rows in use stay at the front. Running out is a CapacityError naming the
+    setting that sizes the pool.
     """
 
-    def __init__(self, backend: Backend, row_shape: tuple[int, ...], dtype=np.float32, capacity: int = 16,
-                 name: str = "pool"):
-        self.backend, self.name = backend, name
+    def __init__(self, backend: Backend, row_shape: tuple[int, ...], capacity: int, dtype=np.float32,
+                 name: str = "pool", setting: str = "pool_objects"):
+        self.backend, self.name, self.setting = backend, name, setting
         self.row_shape = tuple(row_shape)
         self.dtype = np.dtype(dtype)
-        self.initial_capacity = max(int(capacity), 2)
-        self.tensor: DeviceTensor = backend.zeros((self.initial_capacity,) + self.row_shape, self.dtype)
-        self.free = np.ones(self.initial_capacity, bool)
+        if capacity < 2:
+            raise Sam3TrackError(f"internal error: {name} needs at least 2 rows (the zero row and one more)")
+        self.tensor: DeviceTensor = backend.zeros((int(capacity),) + self.row_shape, self.dtype)
+        self.free = np.ones(int(capacity), bool)
         self.free[ZERO_ROW] = False
 
     @property
@@ -61,15 +62,14 @@ class DevicePool:
         return int((~self.free).sum()) - 1
 
     def allocate(self, count: int) -> np.ndarray:
-        """`count` free rows, lowest first (the pool grows when fewer are free)."""
+        """`count` free rows, lowest first."""
         available = np.flatnonzero(self.free)
         if available.size < count:
-            needed = self.used + 1 + count
-            capacity = self.capacity
-            while capacity < needed:
-                capacity *= 2
-            self._resize(capacity)
-            available = np.flatnonzero(self.free)
+            raise CapacityError(
+                f"the {self.name} is full: {self.used} of its {self.capacity - 1} rows hold the memories of the "
+                f"objects tracked now and {count} more are needed. The video tracks more objects at once than the "
+                f"pools were sized for: load the bundle with a larger {self.setting} (sam3track.load(..., "
+                f"{self.setting}=N)); for an OM bundle, convert it again with larger --gears memory_rows/pointer_rows")
         rows = available[:count]
         self.free[rows] = False
         return rows
@@ -79,44 +79,32 @@ class DevicePool:
             if r is not None and r != ZERO_ROW:
                 self.free[r] = True
 
-    def target(self, rows: np.ndarray) -> DeviceTensor:
-        """Where a graph writes the batch for `rows`: a view of the pool when they are consecutive,
-        else a scratch tensor that `commit` scatters."""
-        if rows.size and np.all(np.diff(rows) == 1):
+    def target(self, rows: np.ndarray, size: int | None = None) -> DeviceTensor:
+        """Where a graph run of `size` rows (default: as many as `rows`, more when padded to a gear)
+        writes the batch for `rows`: a view of the pool when the rows are consecutive and nothing is
+        padded, else a scratch tensor that `commit` scatters."""
+        size = int(rows.size) if size is None else int(size)
+        if self._in_place(rows, size):
             return self.backend.rows(self.tensor, int(rows[0]), int(rows.size))
-        return self.backend.empty((int(rows.size),) + self.row_shape, self.dtype)
+        return self.backend.empty((size,) + self.row_shape, self.dtype)
 
     def commit(self, rows: np.ndarray, written: DeviceTensor) -> None:
-        """Scatter a scratch batch from `target` into the pool (one device copy per run of rows)."""
-        if rows.size and np.all(np.diff(rows) == 1):
+        """Scatter the first len(rows) rows of a scratch batch from `target` into the pool (one device
+        copy per run of rows); padding rows are dropped."""
+        if self._in_place(rows, written.shape[0]):
             return
         self._copy_rows(written, np.arange(rows.size), self.tensor, rows)
         self.backend.free(written)
 
-    def shrink(self) -> dict[int, int] | None:
-        """When at most a quarter of the rows is in use, move the used rows to the front of a buffer
-        half as large (or smaller, never under the initial size); returns old row -> new row for the
-        caller to re-point its indices, or None when nothing moved."""
-        capacity, used = self.capacity, self.used
-        while capacity > self.initial_capacity and (used + 1) * 4 <= capacity:
-            capacity //= 2
-        if capacity == self.capacity:
-            return None
-        live = np.flatnonzero(~self.free)
-        live = live[live != ZERO_ROW]
-        smaller = self.backend.zeros((capacity,) + self.row_shape, self.dtype)
-        new_rows = np.arange(1, live.size + 1)
-        self._copy_rows(self.tensor, live, smaller, new_rows)
-        self.free = np.ones(capacity, bool)
-        self.free[ZERO_ROW] = False
-        self.free[new_rows] = False
-        self._replace(smaller)
-        return dict(zip(live.tolist(), new_rows.tolist()))
+    @staticmethod
+    def _in_place(rows: np.ndarray, size: int) -> bool:
+        return bool(rows.size) and size == rows.size and bool(np.all(np.diff(rows) == 1))
 
     def reset(self) -> None:
-        """Back to the initial capacity with every row free (session reset)."""
-        self._replace(self.backend.zeros((self.initial_capacity,) + self.row_shape, self.dtype))
-        self.free = np.ones(self.initial_capacity, bool)
+        """Every row free and zero again (session reset)."""
+        capacity = self.capacity
+        self._replace(self.backend.zeros((capacity,) + self.row_shape, self.dtype))
+        self.free = np.ones(capacity, bool)
         self.free[ZERO_ROW] = False
 
     def close(self) -> None:
@@ -131,12 +119,6 @@ class DevicePool:
             if end > start:
                 self.backend.copy(self.backend.rows(src, int(src_rows[start]), int(end - start)),
                                   self.backend.rows(dst, int(dst_rows[start]), int(end - start)))
-
-    def _resize(self, capacity: int) -> None:
-        bigger = self.backend.zeros((capacity,) + self.row_shape, self.dtype)
-        self.backend.copy(self.tensor, self.backend.rows(bigger, 0, self.capacity))  # device to device
-        self.free = np.concatenate([self.free, np.ones(capacity - self.free.size, bool)])
-        self._replace(bigger)
 
     def _replace(self, tensor: DeviceTensor) -> None:
         old, self.tensor = self.tensor, tensor
@@ -163,12 +145,36 @@ class ObjectMemory:
 class MemoryQuery:
     """Padded per-object indices for one propagation_decoder call (padding points at the zero row)."""
 
-    memory_index: np.ndarray  # int64 [N, K]
-    memory_slot: np.ndarray  # int64 [N, K]
-    memory_valid: np.ndarray  # bool [N, K]
-    pointer_index: np.ndarray  # int64 [N, P]
+    memory_index: np.ndarray  # int32 [N, K]
+    memory_slot: np.ndarray  # int32 [N, K]
+    memory_valid: np.ndarray  # float32 [N, K]: 1 real, 0 padding
+    pointer_index: np.ndarray  # int32 [N, P]
     pointer_offset: np.ndarray  # float32 [N, P]
-    pointer_valid: np.ndarray  # bool [N, P]
+    pointer_valid: np.ndarray  # float32 [N, P]
+
+    @property
+    def memories(self) -> int:
+        return self.memory_index.shape[1]
+
+    @property
+    def pointers(self) -> int:
+        return self.pointer_index.shape[1]
+
+    def padded(self, start: int, count: int, objects: int, memories: int, pointers: int) -> "MemoryQuery":
+        """Objects [start, start + count) at a call's planned sizes. Extra object rows repeat the first
+        object (a real query, so the padded rows compute finite values that are then dropped); extra
+        memory and pointer columns are padding entries at the zero row."""
+        rows = np.arange(start, start + count)
+        rows = np.concatenate([rows, np.full(objects - count, start)])
+
+        def take(a: np.ndarray, width: int) -> np.ndarray:
+            out = np.zeros((objects, width), a.dtype)
+            out[:, :a.shape[1]] = a[rows]
+            return out
+
+        return MemoryQuery(take(self.memory_index, memories), take(self.memory_slot, memories),
+                           take(self.memory_valid, memories), take(self.pointer_index, pointers),
+                           take(self.pointer_offset, pointers), take(self.pointer_valid, pointers))
 
 
 def select_closest_cond_frames(frame: int, cond: dict, max_num: int) -> tuple[dict, dict]:
@@ -188,11 +194,12 @@ def select_closest_cond_frames(frame: int, cond: dict, max_num: int) -> tuple[di
 
 
 class MemoryBank:
-    def __init__(self, backend: Backend, config):
+    def __init__(self, backend: Backend, config, memory_rows: int, pointer_rows: int):
+        """memory_rows, pointer_rows: the pools' fixed capacities (the zero row included)."""
         self.config = config
         hw = config.feature_grid ** 2
-        self.memories = DevicePool(backend, (hw, config.memory_dim), name="memory pool")
-        self.pointers = DevicePool(backend, (config.hidden_dim,), name="pointer pool")
+        self.memories = DevicePool(backend, (hw, config.memory_dim), memory_rows, name="memory pool")
+        self.pointers = DevicePool(backend, (config.hidden_dim,), pointer_rows, name="pointer pool")
         self.objects: dict[int, ObjectMemory] = {}
         self.pinned_frames: set[int] = set()  # frames a later pass of the same call still reads
 
@@ -239,7 +246,7 @@ class MemoryBank:
                 self._release(entry)
 
     def clear(self) -> None:
-        """Forget every object and give the pools back their initial size."""
+        """Forget every object; every pool row is free and zero again."""
         self.objects.clear()
         self.pinned_frames.clear()
         self.memories.reset()
@@ -261,13 +268,13 @@ class MemoryBank:
         n = len(obj_ids)
         k = max(1, max(len(m) for m, _ in per_object))
         p = max(1, max(len(q) for _, q in per_object))
-        q = MemoryQuery(np.full((n, k), ZERO_ROW, np.int64), np.zeros((n, k), np.int64), np.zeros((n, k), bool),
-                        np.full((n, p), ZERO_ROW, np.int64), np.zeros((n, p), np.float32), np.zeros((n, p), bool))
+        q = MemoryQuery(np.full((n, k), ZERO_ROW, np.int32), np.zeros((n, k), np.int32), np.zeros((n, k), np.float32),
+                        np.full((n, p), ZERO_ROW, np.int32), np.zeros((n, p), np.float32), np.zeros((n, p), np.float32))
         for i, (mems, ptrs) in enumerate(per_object):
             for j, (row, slot) in enumerate(mems):
-                q.memory_index[i, j], q.memory_slot[i, j], q.memory_valid[i, j] = row, slot, True
+                q.memory_index[i, j], q.memory_slot[i, j], q.memory_valid[i, j] = row, slot, 1.0
             for j, (row, offset) in enumerate(ptrs):
-                q.pointer_index[i, j], q.pointer_offset[i, j], q.pointer_valid[i, j] = row, offset, True
+                q.pointer_index[i, j], q.pointer_offset[i, j], q.pointer_valid[i, j] = row, offset, 1.0
         return q
 
     def _max_pointers(self, num_frames: int | None) -> int:
@@ -333,19 +340,6 @@ class MemoryBank:
                     if t not in newest and frame - t >= keep_memory and entry.memory_row is not None:
                         self.memories.release([entry.memory_row])
                         entry.memory_row = None
-        self._shrink_pools()
-
-    def _shrink_pools(self) -> None:
-        """Give memory back after objects went away: capacity stays within 4x of the rows in use."""
-        for pool, field_name in ((self.memories, "memory_row"), (self.pointers, "pointer_row")):
-            moved = pool.shrink()
-            if not moved:
-                continue
-            for mem in self.objects.values():
-                for e in (*mem.cond.values(), *mem.non_cond.values()):
-                    row = getattr(e, field_name)
-                    if row is not None:
-                        setattr(e, field_name, moved[row])
 
     def _limit_conditioning(self, mem: ObjectMemory, frame: int) -> None:
         limit = self.config.max_conditioning_frames

@@ -9,6 +9,8 @@ import numpy as np
 
 from .errors import (ArgumentError, FrameIndexError, ObjectIdError, PromptError, SessionBusyError,
                      SessionClosedError, VideoError, shown)
+from .backends import DeviceTensor
+from .call_sizes import chunks, fixed_size, pad_rows
 from .frame_loop import FrameLoop, FrameOutput
 from .memory_bank import MemoryBank
 from .objects import ObjectRegistry
@@ -58,17 +60,25 @@ class Session:
         self.frames = FrameCache(source, cache_size) if source is not None else None
         self.prompts: list[str] = []
         self._prompt_frames: list[int] = []  # the frame each prompt was given on (propagate starts there)
-        self._text_pool = None  # device [M, T, D]: each prompt encoded once per session
-        self._text_mask = np.zeros((0, self.config.text_length), np.int64)
-        self._text_mask_device = None
+        # device [rows, T, D]: each prompt encoded once per session, laid out for the grounding head's
+        # planned calls (see _layout_prompts); _text_mask holds their attention masks
+        self._text_pool = None
+        self._text_mask = np.zeros((0, self.config.text_length), np.int32)
         self._running = None  # the propagate() generator in progress, if any
         self._held: list[FrameOutput] = []  # outputs held back by that generator
         self.closed = False
         self.objects = ObjectRegistry()
-        self.bank = MemoryBank(self.backend, self.config)
+        self.bank = MemoryBank(self.backend, self.config, *self._pool_rows(predictor))
         self.loop = FrameLoop(self.backend, predictor.graphs, self.config, self.bank, self.objects)
         self.stream_index = 0
         self._stream_size: tuple[int, int] | None = None
+
+    def _pool_rows(self, predictor) -> tuple[int, int]:
+        """The memory bank's fixed pool sizes: the config's, or the sizes the propagation decoder was
+        compiled for (an OM bundle's pools are part of its graphs)."""
+        caps, graph = self.config.capacities(), predictor.graphs["propagation_decoder"]
+        return (self.backend.plan(graph, "memory_rows", caps["memory_rows"]),
+                self.backend.plan(graph, "pointer_rows", caps["pointer_rows"]))
 
     # ----------------------------------------------------------------------------- lifecycle
     def __enter__(self):
@@ -85,10 +95,9 @@ class Session:
         self.closed = True
         self._held = []
         self.bank.close()
-        for tensor in (self._text_pool, self._text_mask_device):
-            if tensor is not None and not self.backend.closed:
-                self.backend.free(tensor)
-        self._text_pool = self._text_mask_device = None
+        if self._text_pool is not None and not self.backend.closed:
+            self.backend.free(self._text_pool)
+        self._text_pool = None
         if self.frames is not None:
             self.frames.clear()
         if self.source is not None and self._owns_source:
@@ -140,25 +149,41 @@ class Session:
             m = self.prompts.index(text)
             self._prompt_frames[m] = min(self._prompt_frames[m], int(frame_index))
             return m
-        ids, mask = self.predictor.tokenizer(text)
-        b = self.backend
-        features = b.run(self.predictor.graphs["text_encoder"], {"input_ids": b.upload(ids),
-                                                                 "attention_mask": b.upload(mask)})["text_features"]
-        m = len(self.prompts)
-        pool = b.empty((m + 1,) + tuple(features.shape[1:]), features.dtype)
-        if m:
-            b.copy(self._text_pool, b.rows(pool, 0, m))  # device to device
-            b.free(self._text_pool)
-        b.copy(features, b.rows(pool, m, 1))
-        b.free(features)
-        self._text_pool = pool
-        self._text_mask = np.concatenate([self._text_mask, mask])
-        if self._text_mask_device is not None:
-            b.free(self._text_mask_device)
-        self._text_mask_device = b.upload(self._text_mask)
+        features, mask = self._encode_text(text)
+        self._layout_prompts(features, mask)
+        self.backend.free(features)
         self.prompts.append(text)
         self._prompt_frames.append(int(frame_index))
-        return m
+        return len(self.prompts) - 1
+
+    def _encode_text(self, text: str) -> tuple[DeviceTensor, np.ndarray]:
+        """One prompt's text features [1, T, D] on the device and its attention mask [1, T]."""
+        b, graph = self.backend, self.predictor.graphs["text_encoder"]
+        ids, mask = self.predictor.tokenizer(text)
+        size = fixed_size(b, graph, "prompts", 1, f"prompt {text!r}", "convert the bundle with --gears prompts=1,...")
+        out = b.run(graph, {"input_ids": pad_rows(ids, size), "attention_mask": pad_rows(mask, size)})
+        return b.rows(out["text_features"], 0, 1), mask
+
+    def _layout_prompts(self, features: DeviceTensor, mask: np.ndarray) -> None:
+        """Add one prompt to the pool the grounding head reads. Prompt k sits at row k in any layout
+        `chunks` gives (every chunk but the last is full); the last chunk's padding rows copy its
+        first prompt. Copies stay on the device."""
+        b, graph = self.backend, self.predictor.graphs["grounding_head"]
+        m = len(self.prompts)  # the new prompt's index
+        last = chunks(b, graph, "prompts", m + 1)[-1]
+        rows = last.start + last.size
+        pool = b.empty((rows,) + tuple(features.shape[1:]), features.dtype)
+        masks = np.zeros((rows, mask.shape[1]), np.int32)
+        if m:
+            b.copy(b.rows(self._text_pool, 0, m), b.rows(pool, 0, m))
+            masks[:m] = self._text_mask[:m]
+            b.free(self._text_pool)
+        b.copy(features, b.rows(pool, m, 1))
+        masks[m] = mask[0]
+        for row in range(m + 1, rows):
+            b.copy(b.rows(pool, last.start, 1), b.rows(pool, row, 1))
+            masks[row] = masks[last.start]
+        self._text_pool, self._text_mask = pool, masks
 
     # ---------------------------------------------------------------------------------- frames
     def _check_frame(self, index, what: str = "frame index") -> None:
@@ -170,7 +195,7 @@ class Session:
         if not self.prompts:
             raise PromptError("no prompt in this session; call session.add_prompt(text=...) first")
         features = self.loop.encode_frame(to_pixel_values(rgb, self.config))
-        det = self.loop.detect(features, self._text_pool, self._text_mask_device, len(self.prompts))
+        det = self.loop.detect(features, self._text_pool, self._text_mask, len(self.prompts))
         out = self.loop.step(features, det, index, reverse, streaming, num_frames)
         self.bank.evict(index, reverse, streaming)
         return out

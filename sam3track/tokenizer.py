@@ -24,8 +24,8 @@ class PromptTokenizer:
         if len(ids) > self.length:
             raise PromptError(f"prompt {shown(text)} is {len(ids)} tokens long; the text encoder takes at most "
                               f"{self.length}: shorten it")
-        input_ids = np.full((1, self.length), self.pad_id, np.int64)
-        mask = np.zeros((1, self.length), np.int64)
+        input_ids = np.full((1, self.length), self.pad_id, np.int32)
+        mask = np.zeros((1, self.length), np.int32)
         input_ids[0, : len(ids)] = ids
         mask[0, : len(ids)] = 1
         return input_ids, mask

@@ -129,10 +129,13 @@ class Backend(ABC):
         the caller owns: it never aliases device or backend memory."""
 
     @abstractmethod
-    def run(self, graph: Graph, inputs: dict[str, DeviceTensor],
+    def run(self, graph: Graph, inputs: dict[str, DeviceTensor | np.ndarray],
             outputs: dict[str, DeviceTensor] | None = None) -> dict[str, DeviceTensor]:
-        """Run `graph`. Outputs named in `outputs` are written into those tensors (views of pools, say);
-        the others come back as new device tensors."""
+        """Run `graph` with every input at a planned size (`plan`). Inputs are device tensors, or host
+        arrays the backend copies in for this call (into buffers it may keep between calls). Outputs
+        named in `outputs` are written into those tensors (views of pools, say); the others come
+        back as device tensors valid until the next run of the same graph (a backend may reuse their
+        memory; `free` on one is allowed)."""
 
     @abstractmethod
     def close(self) -> None:

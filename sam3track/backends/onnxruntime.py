@@ -232,7 +232,10 @@ class OnnxRuntimeBackend(Backend):
         for name in graph.input_names:
             if name not in inputs:
                 raise Sam3TrackError(f"graph {graph.name} needs input {name!r}")
-            self._bind(io, name, inputs[name], output=False)
+            value = inputs[name]
+            if isinstance(value, np.ndarray):  # a per-call host input: copied in now, counted
+                value = self.upload(value)
+            self._bind(io, name, value, output=False)
         for name in graph.output_names:
             if name in outputs:
                 self._bind(io, name, outputs[name], output=True)

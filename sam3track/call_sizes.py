@@ -1,0 +1,60 @@
+"""The sizes graph calls run at: each call's item count planned by the backend (`Backend.plan`).
+
+A static-shape backend (Ascend OM) only runs the sizes compiled into a model, so a call for 3
+objects runs at the gear 4 with one padding row, and a call for 40 objects on a model compiled up
+to 16 runs as chunks of 16, 16 and 8. Padding rows repeat the first real row: they compute finite
+values that are dropped, and no graph ever sees an all-padding row it was not exported for.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .backends import Backend, Graph
+from .errors import CapacityError
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """Items [start, start + count) of a call, run at `size` (>= count; the rest is padding)."""
+
+    start: int
+    count: int
+    size: int
+
+    @property
+    def items(self) -> slice:
+        return slice(self.start, self.start + self.count)
+
+
+def chunks(backend: Backend, graph: Graph, axis: str, n: int) -> list[Chunk]:
+    """How to run `n` items on `axis`: one call when a planned size holds them all, else chunks of
+    the largest size (the last one planned on its own)."""
+    size = backend.plan(graph, axis, n)
+    if size >= n:
+        return [Chunk(0, n, size)]
+    out = []
+    for start in range(0, n, size):
+        count = min(size, n - start)
+        out.append(Chunk(start, count, backend.plan(graph, axis, count)))
+    return out
+
+
+def fixed_size(backend: Backend, graph: Graph, axis: str, n: int, what: str, setting: str) -> int:
+    """The planned size for `n` on an axis that cannot be split into chunks (memories per object):
+    a CapacityError when the graph was compiled for fewer."""
+    size = backend.plan(graph, axis, n)
+    if size < n:
+        raise CapacityError(f"{what} needs {n} {axis} in one {graph.name} call, but the graph was compiled for at "
+                            f"most {size}; {setting}")
+    return size
+
+
+def pad_rows(array: np.ndarray, size: int) -> np.ndarray:
+    """`array` with rows repeated from its first one up to `size` rows (axis 0)."""
+    n = array.shape[0]
+    if size == n:
+        return array
+    return np.concatenate([array, np.repeat(array[:1], size - n, axis=0)])
