@@ -168,7 +168,7 @@ class Emulator:
 
     # ------------------------------------------------------------------ plumbing
     def reset_stats(self) -> None:
-        self.stats = Stats(live_allocations=len(self.mem.live_device()), live_device_bytes=self.mem.live_device_bytes,
+        self.stats = Stats(live_allocations=self.mem.live_device_count, live_device_bytes=self.mem.live_device_bytes,
                            peak_device_bytes=self.mem.live_device_bytes)
         self.mem.peak_device_bytes = self.mem.live_device_bytes
 
@@ -266,7 +266,7 @@ class Emulator:
         return s
 
     def _sync_stats(self) -> None:
-        self.stats.live_allocations = len(self.mem.live_device())
+        self.stats.live_allocations = self.mem.live_device_count
         self.stats.live_device_bytes = self.mem.live_device_bytes
         self.stats.peak_device_bytes = max(self.stats.peak_device_bytes, self.mem.peak_device_bytes)
 
