@@ -612,7 +612,11 @@ def test_reset_stats(acl_emu):
     p = rig.malloc(64)
     h = np.zeros(16, np.float32)
     acl.rt.memcpy(p, 64, h.ctypes.data, 64, H2D)
-    assert acl_emu.stats.h2d_count == 1 and acl_emu.stats.peak_device_bytes == 64
+    q = rig.malloc(64)
+    assert acl.rt.memcpy(q, 64, p, 64, D2D) == 0
+    s = acl_emu.stats
+    assert (s.h2d_count, s.d2d_count, s.d2d_bytes, s.copies) == (1, 1, 64, [("H2D", 64), ("D2D", 64)])
+    assert s.peak_device_bytes == 128 and s.live_allocations == 2
     acl_emu.reset_stats()
     assert acl_emu.stats.h2d_count == 0 and acl_emu.stats.copies == []
-    assert acl_emu.stats.live_allocations == 1 and acl_emu.stats.peak_device_bytes == 64
+    assert acl_emu.stats.live_allocations == 2 and acl_emu.stats.peak_device_bytes == 128
