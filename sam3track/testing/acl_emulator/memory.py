@@ -71,6 +71,7 @@ class Memory:
         self._host_bases: list[int] = []
         self._quarantine: list[Allocation] = []
         self.live_device_bytes = 0
+        self.live_device_count = 0
         self.peak_device_bytes = 0
 
     # ---- device
@@ -84,6 +85,7 @@ class Memory:
         self._dev.append(a)
         self._dev_bases.append(base)
         self.live_device_bytes += size
+        self.live_device_count += 1
         self.peak_device_bytes = max(self.peak_device_bytes, self.live_device_bytes)
         return a
 
@@ -91,6 +93,7 @@ class Memory:
         a.live = False
         a.data = None
         self.live_device_bytes -= a.size
+        self.live_device_count -= 1
 
     def live_device(self) -> list[Allocation]:
         return [a for a in self._dev if a.live]
