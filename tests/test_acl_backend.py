@@ -262,7 +262,8 @@ def test_dynamic_dims_runs_each_profile(backend, tmp_path):
         size_n, size_k = backend.plan(graph, "objects", n), backend.plan(graph, "memories", k)
         a, b = _rand(n, 3, seed=n), _rand(k, 3, seed=10 + k)
         mask = _pad(np.ones((n, 1), np.float32), size_n)
-        inputs = {"a": backend.upload(_pad(a, size_n)), "mask": backend.upload(mask), "b": backend.upload(_pad(b, size_k))}
+        inputs = {"a": backend.upload(_pad(a, size_n)), "mask": backend.upload(mask),
+                  "b": backend.upload(_pad(b, size_k))}
         out = backend.run(graph, inputs)
         assert out["scores"].shape == (size_n, size_k)
         np.testing.assert_allclose(backend.to_host(out["scores"])[:n, :k], a @ b.T, rtol=1e-5, atol=1e-6)

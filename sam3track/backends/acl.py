@@ -693,8 +693,8 @@ class AclBackend(Backend):
             if target is not None:
                 if shape != tuple(target.shape):
                     raise BackendError(f"graph {graph.name}: output {io.name} came out {shape}, but "
-                                       f"{tuple(target.shape)} was expected at this gear; the OM model does not match om_manifest.json: "
-                                       "convert the bundle again")
+                                       f"{tuple(target.shape)} was expected at this gear; the OM model does not match "
+                                       "om_manifest.json: convert the bundle again")
                 result[io.name] = target
                 continue
             buffer = graph.output_buffers[io.name]
