@@ -24,7 +24,7 @@ def graph_entry(plan: GraphPlan, source_file: str, source_sha256: str, onnx_file
 
     inputs = [{"name": t.name, "dtype": t.dtype,
                # gear and range modes both give a varying dim as -1 here; "ranges" holds the bounds
-               "shape": [-1 if isinstance(d, str) and d in varying else d for d in plan.atc_dims(t)],
+               "shape": [-1 if isinstance(d, str) and d in varying else a for d, a in zip(t.shape, plan.atc_dims(t))],
                "axes": axes_of(t)} for t in plan.inputs]
     if plan.mode in ("dynamic_batch", "dynamic_dims"):
         inputs.append({"name": HIDDEN_INPUT, "hidden": True})

@@ -303,7 +303,8 @@ def _outputs(model, shapes: dict[str, list[int]]) -> list[dict]:
 
 def _infer_output_dims(model, shapes: dict[str, list[int]]) -> dict[str, list[int]]:
     """Output dims with the inputs at ``shapes`` (-1 = unknown): ONNX shape inference, then onnxruntime's
-    symbolic inference (onnx's own loses batch dims through Reshape/Gather chains), then -1 where both fail."""
+    symbolic inference (onnx's own loses batch dims through Reshape/Gather chains), then one run on zeros
+    when every input size is known, else -1 where all fail."""
     import copy
 
     import onnx
@@ -336,7 +337,27 @@ def _infer_output_dims(model, shapes: dict[str, list[int]]) -> dict[str, list[in
             dims = read(SymbolicShapeInference.infer_shapes(m, auto_merge=True))
         except Exception:
             pass
+    if any(not d or -1 in d for d in dims.values()) and all(-1 not in v for v in shapes.values()):
+        dims = _run_for_dims(model, shapes) or dims
     return dims
+
+
+def _run_for_dims(model, shapes: dict[str, list[int]]) -> dict[str, list[int]] | None:
+    """Last resort for fixed input shapes (e.g. graphs with If nodes that neither inference sees through):
+    run the model once on zeros. Zeros are valid for index inputs (row 0 exists), so only shapes matter."""
+    try:
+        import numpy as np
+        import onnxruntime as ort
+
+        opts = ort.SessionOptions()
+        opts.log_severity_level = 3
+        sess = ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+        feeds = {i.name: np.zeros(shapes[i.name], _np_dtype(i.type.tensor_type.elem_type))
+                 for i in _graph_inputs(model)}
+        names = [o.name for o in sess.get_outputs()]
+        return {n: list(v.shape) for n, v in zip(names, sess.run(None, feeds))}
+    except Exception:
+        return None
 
 
 # ------------------------------------------------------------------------------------------- writing
