@@ -407,3 +407,10 @@ def test_fake_atc_runs_as_a_module(small_model, tmp_path):
                           env={**os.environ, "PYTHONPATH": str(Path(fake_atc.__file__).resolve().parents[2])})
     assert proc.returncode == 0 and "ATC run success" in proc.stdout
     assert np.frombuffer((tmp_path / "om" / "small.om").read_bytes()[:18], np.uint8).tobytes() == fake_atc.MAGIC
+
+
+def test_converter_and_fake_atc_never_import_torch():
+    code = ("import sys, om.convert, om.prepass, om.atc, sam3track.testing.fake_atc; "
+            "sys.exit(1 if 'torch' in sys.modules else 0)")
+    root = str(Path(fake_atc.__file__).resolve().parents[2])
+    assert subprocess.run([sys.executable, "-c", code], env={**os.environ, "PYTHONPATH": root}).returncode == 0
