@@ -75,6 +75,10 @@ def convert_bundle(bundle: Path, soc: str, out: Path, *, gears: dict[str, tuple[
     source = Bundle.open(bundle)  # refuses a broken or changed bundle before any work
     manifest = source.manifest
     plans = make_plans(manifest, gears, shape_range, precision)
+    # ascend.md 1.3: mixed_bfloat16 is for A2/910B only. [unconfirmed] which other SoCs accept it: warn, not refuse.
+    bf16 = [g for g, p in plans.items() if p.precision == "mixed_bfloat16"]
+    if bf16 and not soc.startswith(("Ascend910B", "Ascend910_93")):
+        log(f"warning: {', '.join(bf16)}: mixed_bfloat16 is documented for 910B (A2) only, not {soc}")
     if atc == "auto":
         atc = atc_mod.find_atc()
 
@@ -141,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--shape-range", nargs="+", default=[], metavar="GRAPH",
                         help="compile these graphs in shape-range mode (lo~hi dims, 910B/310P only) instead of gears")
     args = parser.parse_args(argv)
-    out = args.out or args.bundle.with_name(args.bundle.name.rstrip("/") + "-om")
+    out = args.out or args.bundle.resolve().with_name(args.bundle.resolve().name + "-om")
     try:
         manifest = Bundle.open(args.bundle, verify=False).manifest
         known = {a for entry in manifest["graphs"].values() for a in axes_of(entry)}
