@@ -17,42 +17,27 @@ MODES = ("static", "dynamic_batch", "dynamic_dims", "shape_range")
 # ATC: "(1,100]" gears for --dynamic_batch_size and profiles for --dynamic_dims [D-batch, D-dims].
 MIN_PROFILES, MAX_PROFILES = 2, 100
 DEFAULT_GEARS = {"objects": (1, 2, 4, 8, 16), "prompts": (1, 2, 4, 8), "images": (1,)}
-# Objects the pools of one propagation_decoder call are sized for (memory_rows, pointer_rows).
-OBJECT_CAPACITY = 64
-# Pointers the decoder attends to besides the conditioning frames' (the tracker's own fixed window).
-POINTER_WINDOW = 16
-# Entries per object that the pools keep on top of the attended window (frames in flight, reconditioning).
-POOL_SLACK = 8
-# When the checkpoint puts no bound on conditioning frames (max_cond_frame_num = -1), attend to this many.
-UNBOUNDED_COND_FRAMES = 16
 
 
 def default_capacities(manifest: dict) -> dict[str, int]:
     """Fixed sizes of the propagation_decoder's pool axes, derived from the source manifest's tracker config.
 
-    These are the numbers the runtime pads to when it drives an OM bundle, so converter and runtime must
-    agree: the runtime imports this function rather than repeating the arithmetic.
+    The runtime pads to these same numbers when it drives an OM bundle, so there is one definition:
+    sam3track.config.TrackerConfig.capacities(), with the bundle's own config and default settings.
+    With those defaults (max_conditioning_frames 16, pool_objects 64) it gives
 
-    - memories K = max_cond_frame_num + num_maskmem - 1: every conditioning frame plus the num_maskmem - 1
-      most recent non-conditioning frames (max_cond_frame_num = -1, "unbounded", counts as 16);
+    - memories K = max_cond_frame_num + num_maskmem - 1: the selected conditioning frames plus the
+      num_maskmem - 1 most recent frames (max_cond_frame_num = -1, "unbounded", counts as 16);
     - pointers P = 16 + max_object_pointers_in_encoder - 1;
     - memory_rows = 1 + 64 * (num_maskmem + 8) and pointer_rows = 1 + 64 * (max_object_pointers_in_encoder
       + 8): room for 64 objects with 8 spare entries each, plus row 0, which padding entries point at.
 
-    Returns {"memories": K, "pointers": P, "memory_rows": ..., "pointer_rows": ...}.
+    Returns {"memories": K, "pointers": P, "memory_rows": ..., "pointer_rows": ...}. A session configured
+    with other max_conditioning_frames / pool_objects needs a bundle converted with matching --gears.
     """
-    trk = manifest["config"]["tracker"]
-    num_maskmem = int(trk["num_maskmem"])
-    cond = int(trk["max_cond_frame_num"])
-    pointers = int(trk["max_object_pointers_in_encoder"])
-    if cond == -1:
-        cond = UNBOUNDED_COND_FRAMES
-    return {
-        "memories": cond + num_maskmem - 1,
-        "pointers": POINTER_WINDOW + pointers - 1,
-        "memory_rows": 1 + OBJECT_CAPACITY * (num_maskmem + POOL_SLACK),
-        "pointer_rows": 1 + OBJECT_CAPACITY * (pointers + POOL_SLACK),
-    }
+    from sam3track.config import TrackerConfig
+
+    return TrackerConfig.from_manifest(manifest).capacities()
 
 
 def default_gears(manifest: dict) -> dict[str, tuple[int, ...]]:

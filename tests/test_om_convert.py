@@ -172,13 +172,16 @@ def test_cli_refuses_unknown_axes_and_bad_gears(tiny_bundle, tmp_path, capsys):
 
 
 # ------------------------------------------------------------------------------------------- plans
-def test_default_capacities_follow_the_tracker_config():
-    manifest = {"config": {"tracker": {"num_maskmem": 7, "max_cond_frame_num": 4,
-                                       "max_object_pointers_in_encoder": 16}}}
+def test_default_capacities_follow_the_tracker_config(tiny_bundle):
+    manifest = json.loads((tiny_bundle / "manifest.json").read_text())
+    trk = manifest["config"]["tracker"]
+    trk.update(num_maskmem=7, max_cond_frame_num=4, max_object_pointers_in_encoder=16)
+    # K = cond + maskmem - 1, P = 16 + ptrs - 1, rows = 1 + 64 * (n + 8)
     assert default_capacities(manifest) == {"memories": 10, "pointers": 31, "memory_rows": 961,
                                             "pointer_rows": 1537}
-    manifest["config"]["tracker"]["max_cond_frame_num"] = -1
-    assert default_capacities(manifest)["memories"] == 22
+    trk.update(max_cond_frame_num=-1, num_maskmem=3, max_object_pointers_in_encoder=4)
+    assert default_capacities(manifest) == {"memories": 18, "pointers": 19, "memory_rows": 705,
+                                            "pointer_rows": 769}
 
 
 def test_precision_and_gear_parsing():
@@ -279,7 +282,9 @@ def test_prepass_keeps_one_default_opset_and_checks_its_rewrite(tiny_bundle, tmp
     plan = _plans(tiny_bundle)["memory_encoder"]
     report = make_atc_ready(src, plan, manifest, tmp_path / "ready.onnx")
     assert report.check_sizes == {"objects": 2}
-    assert any("binarize (bool)" in w for w in report.warnings)
+    wide = [t.name for t in plan.inputs if t.dtype in ("int64", "bool")]
+    assert any(all(n in w for n in wide) for w in report.warnings) if wide else \
+        not any("int64/bool" in w for w in report.warnings)
     ready = onnx.load(str(tmp_path / "ready.onnx"))
     assert [(o.domain, o.version) for o in ready.opset_import] == [("", 17)]
 
