@@ -1,4 +1,5 @@
-"""``sam3track info``: a bundle's manifest in brief, and the backends that can run it."""
+"""``sam3track info``: a bundle's manifest in brief (and an OM bundle's om_manifest.json), and the backends
+that can run it."""
 
 from __future__ import annotations
 
@@ -52,6 +53,36 @@ def _backends_lines() -> list[str]:
         lines.append(f"onnxruntime {onnxruntime.__version__}: providers {', '.join(providers)}")
     except Exception as e:  # not installed, or a broken build
         lines.append(f"onnxruntime: not available ({type(e).__name__}: {e}); pip install onnxruntime")
+    return lines
+
+
+def _fmt_axes(axes: Any) -> str:
+    if not isinstance(axes, dict) or not axes:
+        return "no dynamic axes"
+    return " ".join(f"{a}={','.join(str(v) for v in sizes)}" + (" (fixed)" if len(sizes) == 1 else "")
+                    for a, sizes in axes.items() if isinstance(sizes, list))
+
+
+def _om_lines(bundle: Path, om: dict) -> list[str]:
+    """The OM bundle's om_manifest.json (python -m om.convert): per graph its ATC mode, sizes and .om file."""
+    graphs = om.get("graphs") if isinstance(om.get("graphs"), dict) else {}
+    compiled = [g for g in graphs.values() if isinstance(g, dict) and g.get("om_file")]
+    state = (f"compiled ({len(compiled)}/{len(graphs)} graphs)" if om.get("compiled")
+             else "planned, not compiled (run atc/*.atc.sh on a CANN host, or convert with atc on PATH)")
+    lines = [f"om bundle       soc {om.get('soc_version', '?')}, CANN {om.get('cann_version') or 'unknown'}, {state}"]
+    for name, g in graphs.items():
+        g = g if isinstance(g, dict) else {}
+        om_file = g.get("om_file")
+        where = "planned, not compiled"
+        if om_file:
+            where = om_file + ("" if (bundle / om_file).is_file() else "  MISSING")
+        lines.append(f"  {name:<22} {g.get('mode', '?'):<13} {g.get('precision', '?'):<14} {where}")
+        lines.append(f"      axes {_fmt_axes(g.get('axes'))}")
+        profiles = g.get("profiles")
+        if isinstance(profiles, list) and g.get("mode") == "dynamic_dims":
+            lines.append(f"      {len(profiles)} --dynamic_dims profiles")
+        if g.get("risky_ops"):
+            lines.append("      risky ops " + ", ".join(f"{op} x{n}" for op, n in g["risky_ops"].items()))
     return lines
 
 
@@ -118,6 +149,17 @@ def cmd_info(args: argparse.Namespace) -> int:
                     f"      {kind} {t.get('name', '?'):<28} {t.get('dtype', '?'):<8} "
                     f"{_fmt_shape(t.get('shape'))}"
                 )
+    om_path = bundle / "om_manifest.json"
+    if om_path.is_file():
+        try:
+            om = json.loads(om_path.read_text(encoding="utf-8"))
+        except (OSError, ValueError, UnicodeDecodeError) as e:
+            print_error(f"{om_path} cannot be read ({e}); convert the bundle again with python -m om.convert")
+            return EXIT_ERROR
+        if not isinstance(om, dict):
+            print_error(f"{om_path} holds no JSON object; convert the bundle again with python -m om.convert")
+            return EXIT_ERROR
+        lines.extend(_om_lines(bundle, om))
     lines.append("backends")
     lines.extend(f"  {line}" for line in _backends_lines())
     print("\n".join(lines))

@@ -1,0 +1,163 @@
+"""Convert a sam3track bundle into an OM bundle: ATC-ready ONNX, atc command lines and, with CANN, .om files.
+
+    python -m om.convert BUNDLE --soc Ascend910B2 [--out OM_BUNDLE] [--overwrite]
+        [--precision MODE | --precision GRAPH=MODE ...] [--gears AXIS=N,N,... ...] [--shape-range GRAPH ...]
+
+Without atc on PATH the bundle is complete but "planned, not compiled": run atc/<graph>.atc.sh on a CANN
+host, or convert there. Layout and manifest: /work/notes/om-contract.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+from pathlib import Path
+
+from sam3track.bundle import Bundle, file_sha256
+from sam3track.errors import Sam3TrackError
+
+from . import atc as atc_mod
+from . import manifest as manifest_mod
+from .errors import ConversionError
+from .plan import DEFAULT_GEARS, GraphPlan, axes_of, default_gears, parse_gears, plan_graph
+from .prepass import make_atc_ready
+
+PRECISION_HELP = (
+    "ATC --precision_mode_v2 for every graph (MODE) or one graph (GRAPH=MODE); repeatable. MODE: origin "
+    "(default: keeps fp32, parity with onnxruntime), fp16, mixed_float16, mixed_bfloat16 (910B only). "
+    "text_encoder is known to be fp16-sensitive: keep it at origin unless its parity was checked.")
+
+
+def parse_precision(items: list[str], graphs: list[str]) -> dict[str, str]:
+    """["fp16", "text_encoder=origin"] -> {graph: mode}; a bare MODE sets every graph not named explicitly."""
+    default, named = "origin", {}
+    for item in items:
+        graph, sep, mode = item.rpartition("=")
+        if mode not in atc_mod.PRECISIONS:
+            raise ConversionError(f"--precision {item!r}: {mode!r} is not a precision; choose from "
+                                  f"{', '.join(atc_mod.PRECISIONS)}")
+        if not sep:
+            default = mode
+        elif graph not in graphs:
+            raise ConversionError(f"--precision {item!r}: no graph {graph!r}; the bundle has {', '.join(graphs)}")
+        else:
+            named[graph] = mode
+    return {g: named.get(g, default) for g in graphs}
+
+
+def make_plans(manifest: dict, gears: dict[str, tuple[int, ...]] | None = None, shape_range=(),
+               precision: dict[str, str] | None = None) -> dict[str, GraphPlan]:
+    """Plan every graph of a source manifest: the default gears and capacities, overridden by ``gears``."""
+    graphs = manifest["graphs"]
+    unknown = [g for g in shape_range if g not in graphs]
+    if unknown:
+        raise ConversionError(f"--shape-range names unknown graphs {unknown}; the bundle has {', '.join(graphs)}")
+    all_gears = default_gears(manifest)
+    all_gears.update(gears or {})
+    return {name: plan_graph(name, entry, all_gears, shape_range=name in shape_range,
+                             precision=(precision or {}).get(name, "origin"))
+            for name, entry in graphs.items()}
+
+
+def convert_bundle(bundle: Path, soc: str, out: Path, *, gears: dict[str, tuple[int, ...]] | None = None,
+                   precision: dict[str, str] | None = None, shape_range=(), overwrite: bool = False,
+                   atc: str | None = "auto", log=print) -> dict:
+    """Build the OM bundle at ``out``; returns its om_manifest. ``atc``: path of atc, None to only plan,
+    "auto" to use the one on PATH if any."""
+    bundle, out = Path(bundle), Path(out).absolute()
+    if not soc:
+        raise ConversionError("--soc is required: 'Ascend' + the Chip Name npu-smi info shows (e.g. Ascend910B2)")
+    if out.exists() and not overwrite:
+        raise ConversionError(f"{out} already exists; pass --overwrite to replace it or choose another --out")
+    source = Bundle.open(bundle)  # refuses a broken or changed bundle before any work
+    manifest = source.manifest
+    plans = make_plans(manifest, gears, shape_range, precision)
+    # ascend.md 1.3: mixed_bfloat16 is for A2/910B only. [unconfirmed] which other SoCs accept it: warn, not refuse.
+    bf16 = [g for g, p in plans.items() if p.precision == "mixed_bfloat16"]
+    if bf16 and not soc.startswith(("Ascend910B", "Ascend910_93")):
+        log(f"warning: {', '.join(bf16)}: mixed_bfloat16 is documented for 910B (A2) only, not {soc}")
+    if atc == "auto":
+        atc = atc_mod.find_atc()
+
+    staging = out.with_name(out.name + ".partial")
+    shutil.rmtree(staging, ignore_errors=True)  # a previous run's leftovers: never a finished bundle
+    staging.mkdir(parents=True)
+    try:
+        entries, onnx_files = {}, {}
+        for name, plan in plans.items():
+            onnx_rel = f"onnx/{name}.onnx"
+            report = make_atc_ready(source.graph_path(name), plan, manifest, staging / onnx_rel)
+            for w in report.warnings:
+                log(f"warning: {w}")
+            onnx_files[name] = [onnx_rel] + [f"onnx/{d}" for d in report.data_files]
+            argv = atc_mod.atc_command(plan, soc, onnx_rel, f"om/{name}")
+            script = f"atc/{name}.atc.sh"
+            atc_mod.write_script(staging / script, argv)
+            om_file = atc_mod.run_atc(argv, staging, name, atc) if atc else None
+            src_file = manifest["graphs"][name]["file"]
+            entries[name] = manifest_mod.graph_entry(
+                plan, src_file, file_sha256(bundle / src_file), onnx_rel, file_sha256(staging / onnx_rel),
+                argv, script, om_file, report.risky_ops, report.check_sizes)
+            axes = " ".join(f"{a}={','.join(map(str, s))}" for a, s in plan.axes.items()) or "-"
+            log(f"{name:<20} {plan.mode:<13} {plan.precision:<14} {axes}  -> {om_file or 'planned, not compiled'}")
+        tok = manifest["tokenizer"]["dir"]
+        shutil.copytree(bundle / tok, staging / tok)
+        (staging / "manifest.json").write_text(
+            json.dumps(manifest_mod.bundle_manifest(manifest, staging, onnx_files), indent=2))
+        om = manifest_mod.om_manifest(soc, atc_mod.cann_version(), bundle / "manifest.json", entries)
+        (staging / "om_manifest.json").write_text(json.dumps(om, indent=2))
+        if out.exists():  # --overwrite: swap only once the new bundle is complete
+            old = out.with_name(out.name + ".old")
+            shutil.rmtree(old, ignore_errors=True)
+            os.replace(out, old)
+            os.replace(staging, out)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(staging, out)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    if om["compiled"]:
+        log(f"OM bundle written to {out} (compiled for {soc})")
+    else:
+        log(f"OM bundle written to {out}: planned, not compiled (atc is not on PATH; source CANN's set_env.sh "
+            f"and convert again, or run {out}/atc/*.atc.sh on a CANN host)")
+    return om
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m om.convert", description=__doc__.split("\n\n")[0])
+    parser.add_argument("bundle", type=Path, help="sam3track bundle (python -m graphs.export)")
+    parser.add_argument("--soc", required=True, help="ATC --soc_version: 'Ascend' + npu-smi's Chip Name, "
+                                                     "e.g. Ascend910B2")
+    parser.add_argument("--out", type=Path, help="OM bundle to create (default: BUNDLE-om)")
+    parser.add_argument("--overwrite", action="store_true", help="replace an existing --out")
+    parser.add_argument("--precision", action="append", nargs="+", default=[], metavar="MODE|GRAPH=MODE",
+                        help=PRECISION_HELP)
+    defaults = " ".join(f"{a}={','.join(map(str, s))}" for a, s in DEFAULT_GEARS.items())
+    parser.add_argument("--gears", nargs="+", default=[], metavar="AXIS=N,N",
+                        help=f"sizes to compile per axis (default {defaults}; the propagation_decoder's memories, "
+                             "pointers, memory_rows and pointer_rows are fixed at capacities from the bundle's "
+                             "config, om.plan.default_capacities). One size fixes an axis; more make it vary.")
+    parser.add_argument("--shape-range", nargs="+", default=[], metavar="GRAPH",
+                        help="compile these graphs in shape-range mode (lo~hi dims, 910B/310P only) instead of gears")
+    args = parser.parse_args(argv)
+    out = args.out or args.bundle.resolve().with_name(args.bundle.resolve().name + "-om")
+    try:
+        manifest = Bundle.open(args.bundle, verify=False).manifest
+        known = {a for entry in manifest["graphs"].values() for a in axes_of(entry)}
+        gears = parse_gears(args.gears, known)
+        precision = parse_precision([p for group in args.precision for p in group], list(manifest["graphs"]))
+        convert_bundle(args.bundle, args.soc, out, gears=gears, precision=precision,
+                       shape_range=tuple(args.shape_range), overwrite=args.overwrite)
+    except Sam3TrackError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
