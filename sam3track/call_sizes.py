@@ -29,6 +29,16 @@ class Chunk:
         return slice(self.start, self.start + self.count)
 
 
+# The gears a static-shape target compiles by default (om.convert, and ONNX Runtime on CANN, which
+# compiles a graph again for every new input shape): powers of two up to 16 objects, 8 prompts.
+DEFAULT_GEARS = {"objects": (1, 2, 4, 8, 16), "prompts": (1, 2, 4, 8), "images": (1,)}
+
+
+def default_gears(config) -> dict[str, tuple[int, ...]]:
+    """DEFAULT_GEARS with the bounded axes fixed at the config's capacities (config.capacities())."""
+    return {**DEFAULT_GEARS, **{axis: (size,) for axis, size in config.capacities().items()}}
+
+
 def chunks(backend: Backend, graph: Graph, axis: str, n: int) -> list[Chunk]:
     """How to run `n` items on `axis`: one call when a planned size holds them all, else chunks of
     the largest size (the last one planned on its own)."""

@@ -10,6 +10,7 @@ import numpy as np
 
 from .backends import create_backend
 from .bundle import Bundle
+from .call_sizes import default_gears
 from .config import TrackerConfig
 from .errors import BundleError, SessionClosedError, VideoError
 from .session import Session, check_frame_size
@@ -48,6 +49,8 @@ class Predictor:
         bundle = Bundle.open(Path(bundle_dir), verify=verify)
         config = TrackerConfig.from_manifest(bundle.manifest, **config_overrides)
         options = {"threads": threads} if threads else {}
+        if gears is None and backend in ("onnxruntime", "ort") and str(device).startswith("cann"):
+            gears = default_gears(config)  # CANN compiles every new shape again: a few planned ones
         if gears is not None:
             options["gears"] = gears
         return cls(bundle, create_backend(backend, device, **options), config)

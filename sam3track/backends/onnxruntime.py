@@ -14,7 +14,16 @@ import numpy as np
 from ..errors import BackendError, BundleError, Sam3TrackError
 from .base import Backend, DeviceTensor, Graph
 
-_DEVICES = {"cpu": ("CPUExecutionProvider", "cpu"), "cuda": ("CUDAExecutionProvider", "cuda")}
+# device -> (execution provider, where OrtValues live). CANN keeps tensors in host memory here: its
+# provider copies them in per run (IOBinding to "cann" OrtValues is not offered by the public wheel
+# [unconfirmed]); for features and memory resident on the NPU use backend="acl".
+_DEVICES = {"cpu": ("CPUExecutionProvider", "cpu"), "cuda": ("CUDAExecutionProvider", "cuda"),
+            "cann": ("CANNExecutionProvider", "cpu")}
+_INSTALL_HINTS = {
+    "CUDAExecutionProvider": "install onnxruntime-gpu for device='cuda' or use device='cpu'",
+    "CANNExecutionProvider": "install onnxruntime-cann instead of onnxruntime (it needs numpy<2) on a machine "
+                             "with the CANN toolkit (source set_env.sh), or use backend='acl' with an OM bundle",
+}
 
 
 class OrtGraph(Graph):
@@ -26,8 +35,7 @@ class OrtGraph(Graph):
         tensors = list(session.get_inputs()) + list(session.get_outputs())
         self.shapes = {t.name: tuple(d if isinstance(d, int) else None for d in t.shape) for t in tensors}
         self.dims = {t.name: tuple(t.shape) for t in tensors}
-        axes = {d for t in tensors for d in t.shape if isinstance(d, str)}
-        self.sizes = {axis: sizes for axis, sizes in gears.items() if axis in axes}
+        self.sizes = dict(gears)
 
 
 class _Storage:
@@ -59,7 +67,8 @@ class OnnxRuntimeBackend(Backend):
         if provider not in ort.get_available_providers():
             raise Sam3TrackError(
                 f"onnxruntime here has no {provider} (available: {', '.join(ort.get_available_providers())}); "
-                "install onnxruntime-gpu for device='cuda' or use device='cpu'")
+                f"{_INSTALL_HINTS.get(provider, 'use device=cpu')}")
+        self.provider = provider
         self.device_id = int(index or 0)
         self._ort = ort
         self._providers = [provider] if provider == "CPUExecutionProvider" else [provider, "CPUExecutionProvider"]
@@ -85,11 +94,18 @@ class OnnxRuntimeBackend(Backend):
                                   "this bundle has no compiled gears")
             gears = {axis: tuple(sizes) for axis, sizes in compiled["axes"].items()}
         else:
-            gears = self._gears
+            gears = dict(self._gears)
+            if compiled is not None:  # an OM bundle's ATC-ready graph is static on its fixed axes
+                gears.update({axis: tuple(sizes) for axis, sizes in compiled["axes"].items() if len(sizes) == 1})
         try:
             session = self._ort.InferenceSession(path, sess_options=self._options, providers=self._providers)
         except Exception as exc:
             raise BundleError(f"onnxruntime cannot load graph {name} from {path}: {exc}") from exc
+        # ONNX Runtime falls back to the CPU, with only a log line, when a provider's libraries are
+        # missing (onnxruntime-cann without libascendcl.so: ascend.md section 5); never run there silently.
+        if session.get_providers()[0] != self.provider:
+            raise BackendError(f"onnxruntime could not start {self.provider} for graph {name} and fell back to "
+                               f"{', '.join(session.get_providers())}; {_INSTALL_HINTS.get(self.provider, '')}")
         graph = OrtGraph(name, session, gears)
         self._graphs.append(graph)
         return graph

@@ -1,0 +1,137 @@
+"""Planned call sizes: the padding and chunking path a static-shape backend (Ascend OM) takes gives
+the same ids and masks as running every call at its own size.
+
+ONNX Runtime is forced into gear mode here (`gears=`), so the path runs on any CPU; the Ascend
+backend on the pyacl emulator runs the same comparisons in test_acl_parity.py.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import sam3track
+from sam3track.video import open_video
+
+from .conftest import CLIPS
+
+MODES = ("forward", "backward", "both", "stream")
+BOTH_START = 12
+
+
+def track(bundle, frames, prompts, mode="forward", **load_options):
+    """Every FrameResult of one run, and the largest number of objects a single call carried."""
+    with sam3track.load(bundle, **load_options) as predictor:
+        session = predictor.start_session(None if mode == "stream" else frames)
+        for text in prompts:
+            session.add_prompt(frame_index=0, text=text)
+        if mode == "stream":
+            results = [session.track(f) for f in frames]
+        elif mode == "backward":
+            results = list(session.propagate(direction="backward", start_frame=len(frames) - 1))
+        elif mode == "both":
+            results = list(session.propagate(direction="both", start_frame=BOTH_START))
+        else:
+            results = list(session.propagate())
+        calls = dict(predictor.backend.calls)
+        session.close()
+    return results, calls
+
+
+def iou(a: np.ndarray, b: np.ndarray) -> float:
+    union = np.logical_or(a, b).sum()
+    return 1.0 if union == 0 else float(np.logical_and(a, b).sum() / union)
+
+
+def assert_same_tracks(got, want, min_iou=0.999):
+    """Same frames, same ids on every frame, masks at IoU >= min_iou (mean and each object)."""
+    assert [r.frame_index for r in got] == [r.frame_index for r in want]
+    ious = []
+    for g, w in zip(got, want):
+        assert g.object_ids.tolist() == w.object_ids.tolist(), (
+            f"frame {g.frame_index}: ids {g.object_ids.tolist()} != {w.object_ids.tolist()}")
+        ious += [iou(a, b) for a, b in zip(g.masks, w.masks)]
+        np.testing.assert_allclose(g.scores, w.scores, atol=1e-4)
+    assert ious, "nothing was tracked: the clip and prompts must produce objects"
+    assert min(ious) >= min_iou, (min(ious), float(np.mean(ious)))
+    return ious
+
+
+@pytest.fixture(scope="module")
+def bikes_frames():
+    with open_video(CLIPS / "bikes.mp4") as video:
+        return np.stack([video.read(i) for i in range(76, 116)])  # one continuous shot
+
+
+@pytest.fixture(scope="module")
+def unplanned(tiny_bundle, bikes_frames):
+    """The runs every call at its own size, per mode (computed once)."""
+    return {mode: track(tiny_bundle, bikes_frames, ["person", "bike"], mode) for mode in MODES}
+
+
+def small_gears(bundle):
+    """Gears that make every call of a two-prompt clip padded: 2 objects run at 3, 2 prompts at 4 (and
+    one prompt's text encoding at 4), memories and pointers at their fixed capacities."""
+    with sam3track.load(bundle) as p:
+        caps = p.config.capacities()
+    return {"objects": [1, 3], "prompts": [4], "memories": [caps["memories"]], "pointers": [caps["pointers"]],
+            "memory_rows": [caps["memory_rows"]], "pointer_rows": [caps["pointer_rows"]]}
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_gear_mode_matches_unplanned_calls(tiny_bundle, bikes_frames, unplanned, mode):
+    results, calls = track(tiny_bundle, bikes_frames, ["person", "bike"], mode, gears=small_gears(tiny_bundle))
+    assert_same_tracks(results, unplanned[mode][0])
+    assert max(len(r) for r in results) >= 2, "some frames must carry 2 objects (padded to the gear 3)"
+    assert calls == unplanned[mode][1]  # padded, never split
+
+
+def test_a_frame_with_64_objects_on_gears_up_to_16_equals_the_unchunked_run(tiny_bundle, bikes_frames):
+    """Every query of four prompts becomes an object (thresholds 0, NMS off): 64 objects on frame 0,
+    split into four calls of 16 by the planned run."""
+    options = dict(score_threshold_detection=0.0, new_det_thresh=0.0, mask_nms=False, hotstart_delay=0,
+                   recondition_every_nth_frame=0)
+    prompts = ["person", "bike", "tree", "road"]
+    frames = bikes_frames[:4]
+    want, calls_want = track(tiny_bundle, frames, prompts, **options)
+    got, calls_got = track(tiny_bundle, frames, prompts, gears={"objects": [1, 2, 4, 8, 16]}, **options)
+    assert len(want[0]) == 64
+    assert_same_tracks(got, want)
+    # the propagation decoder ran in chunks of 16 on the planned side, once per frame on the other
+    assert calls_want["propagation_decoder"] == len(frames) - 1
+    assert calls_got["propagation_decoder"] >= 4 * (len(frames) - 1)
+
+
+def test_gears_that_cannot_hold_an_object_s_memories_raise_a_capacity_error(tiny_bundle, bikes_frames):
+    gears = {"memories": [1]}
+    with pytest.raises(sam3track.CapacityError, match="memories.*compiled for at most 1"):
+        track(tiny_bundle, bikes_frames[:6], ["person", "bike"], gears=gears)
+
+
+def test_a_video_with_more_objects_than_the_pools_hold_names_the_setting(tiny_bundle, bikes_frames):
+    options = dict(score_threshold_detection=0.0, new_det_thresh=0.0, mask_nms=False, hotstart_delay=0)
+    with pytest.raises(sam3track.CapacityError, match="pool_objects"):
+        track(tiny_bundle, bikes_frames[:3], ["person", "bike"], pool_objects=2, **options)
+
+
+@pytest.mark.parametrize("gears", ["objects", {"objects": [0]}, {"objects": []}])
+def test_bad_gears_are_refused(tiny_bundle, gears):
+    with pytest.raises(sam3track.Sam3TrackError, match="gears must be"):
+        sam3track.load(tiny_bundle, gears=gears)
+
+
+def test_the_cann_provider_is_refused_where_onnxruntime_has_none(tiny_bundle):
+    with pytest.raises(sam3track.Sam3TrackError, match="no CANNExecutionProvider.*onnxruntime-cann.*numpy<2"):
+        sam3track.load(tiny_bundle, device="cann:0")
+
+
+def test_a_silent_fallback_from_cann_to_the_cpu_is_an_error(tiny_bundle, monkeypatch):
+    """onnxruntime-cann without the CANN libraries lists the provider, then runs on the CPU with only a
+    log line (measured: ascend.md section 5). Listing it here reproduces exactly that fallback."""
+    import onnxruntime
+
+    listed = onnxruntime.get_available_providers()
+    monkeypatch.setattr(onnxruntime, "get_available_providers", lambda: ["CANNExecutionProvider", *listed])
+    with pytest.raises(sam3track.BackendError, match="could not start CANNExecutionProvider.*fell back to "
+                                                     "CPUExecutionProvider"):
+        sam3track.load(tiny_bundle, device="cann:0")
