@@ -17,11 +17,25 @@ from .conftest import CLIPS
 
 MODES = ("forward", "backward", "both", "stream")
 BOTH_START = 12
+PROMPTS = ["person", "bike"]
+# a lower birth threshold than the bundle's: several objects at once on this clip, so calls batch
+# and pad (the same on both sides of every comparison)
+OPTIONS = {"new_det_thresh": 0.3}
 
 
 def track(bundle, frames, prompts, mode="forward", **load_options):
-    """Every FrameResult of one run, and the largest number of objects a single call carried."""
+    """Every FrameResult of one run, and the calls per graph with the batch sizes each graph ran at
+    (calls["sizes:<graph>"])."""
     with sam3track.load(bundle, **load_options) as predictor:
+        sizes = {}
+        run = predictor.backend.run
+
+        def recording_run(graph, inputs, outputs=None):
+            first = inputs[graph.input_names[-1]]  # every graph's last input carries its batch axis
+            sizes.setdefault(f"sizes:{graph.name}", set()).add(first.shape[0])
+            return run(graph, inputs, outputs)
+
+        predictor.backend.run = recording_run
         session = predictor.start_session(None if mode == "stream" else frames)
         for text in prompts:
             session.add_prompt(frame_index=0, text=text)
@@ -33,7 +47,7 @@ def track(bundle, frames, prompts, mode="forward", **load_options):
             results = list(session.propagate(direction="both", start_frame=BOTH_START))
         else:
             results = list(session.propagate())
-        calls = dict(predictor.backend.calls)
+        calls = {**predictor.backend.calls, **sizes}
         session.close()
     return results, calls
 
@@ -66,12 +80,12 @@ def bikes_frames():
 @pytest.fixture(scope="module")
 def unplanned(tiny_bundle, bikes_frames):
     """The runs every call at its own size, per mode (computed once)."""
-    return {mode: track(tiny_bundle, bikes_frames, ["person", "bike"], mode) for mode in MODES}
+    return {mode: track(tiny_bundle, bikes_frames, PROMPTS, mode, **OPTIONS) for mode in MODES}
 
 
 def small_gears(bundle):
-    """Gears that make every call of a two-prompt clip padded: 2 objects run at 3, 2 prompts at 4 (and
-    one prompt's text encoding at 4), memories and pointers at their fixed capacities."""
+    """Gears that pad and split the calls of a two-prompt clip: 2 objects run at 3, 4 as 3 + 1, 2 prompts
+    at 4 (one prompt's text encoding too), memories and pointers at their fixed capacities."""
     with sam3track.load(bundle) as p:
         caps = p.config.capacities()
     return {"objects": [1, 3], "prompts": [4], "memories": [caps["memories"]], "pointers": [caps["pointers"]],
@@ -80,10 +94,13 @@ def small_gears(bundle):
 
 @pytest.mark.parametrize("mode", MODES)
 def test_gear_mode_matches_unplanned_calls(tiny_bundle, bikes_frames, unplanned, mode):
-    results, calls = track(tiny_bundle, bikes_frames, ["person", "bike"], mode, gears=small_gears(tiny_bundle))
+    results, calls = track(tiny_bundle, bikes_frames, PROMPTS, mode, gears=small_gears(tiny_bundle), **OPTIONS)
     assert_same_tracks(results, unplanned[mode][0])
-    assert max(len(r) for r in results) >= 2, "some frames must carry 2 objects (padded to the gear 3)"
-    assert calls == unplanned[mode][1]  # padded, never split
+    want = unplanned[mode][1]
+    assert 2 in want["sizes:propagation_decoder"], "some frames must track 2 objects (padded to the gear 3)"
+    assert calls["sizes:propagation_decoder"] == {1, 3} and calls["sizes:grounding_head"] == {4}
+    if max(want["sizes:propagation_decoder"]) > 3:  # more objects than the largest gear: chunks
+        assert calls["propagation_decoder"] > want["propagation_decoder"]
 
 
 def test_a_frame_with_64_objects_on_gears_up_to_16_equals_the_unchunked_run(tiny_bundle, bikes_frames):

@@ -296,7 +296,9 @@ class AclBackend(Backend):
                 acl.mdl.destroy_desc(desc)
             acl.mdl.unload(model_id)
             raise
-        self._graphs.append(graph)
+        self._graphs.append(graph)  # from here on close() releases what the graph holds
+        for index in range(len(graph.gears)):
+            graph.gear_data[index] = self._new_gear_data(graph)
         return graph
 
     def _describe(self, name: str, om_path: Path, compiled: dict, model_id: int, desc: int) -> AclGraph:
@@ -581,33 +583,35 @@ class AclBackend(Backend):
                            f"compiled profiles {[g.sizes for g in graph.gears]}")
 
     def _bind(self, graph: AclGraph, gear_index: int, in_places, out_places) -> _GearData:
-        """The gear's datasets pointed at this run's memory. Built on the gear's first run, one data
-        buffer per om input and output, the hidden input included [ascend.md 3.3.1-3.3.2]; later runs
-        only re-point those buffers (acl.update_data_buffer [MMD]), creating nothing."""
-        data = graph.gear_data.get(gear_index)
-        if data is not None:
-            for buffer, (address, nbytes), io in zip(data.input_buffers + data.output_buffers, in_places + out_places,
-                                                     graph.inputs + graph.outputs):
-                self._call("acl.update_data_buffer", self._acl.update_data_buffer(buffer, address, nbytes),
-                           f"graph {graph.name}, {io.name}")
-            return data
+        """The gear's datasets pointed at this run's memory: only acl.update_data_buffer [MMD], never
+        a dataset or data buffer created while tracking."""
+        data = graph.gear_data[gear_index]
+        for buffer, (address, nbytes), io in zip(data.input_buffers + data.output_buffers, in_places + out_places,
+                                                 graph.inputs + graph.outputs):
+            self._call("acl.update_data_buffer", self._acl.update_data_buffer(buffer, address, nbytes),
+                       f"graph {graph.name}, {io.name}")
+        return data
+
+    def _new_gear_data(self, graph: AclGraph) -> _GearData:
+        """One input and one output dataset for a gear, built at load: one data buffer per om input
+        and output, the hidden input included, in om index order [ascend.md 3.3.1-3.3.2]. They start
+        empty (address 0, size 0: the form AscendCL documents for buffers filled later [unconfirmed
+        for inputs]) and every run re-points them before executing."""
         acl, what = self._acl, f"graph {graph.name}"
         data = _GearData(0, 0, [], [])
         try:
             data.inputs = self._handle("acl.mdl.create_dataset", acl.mdl.create_dataset(), what)
             data.outputs = self._handle("acl.mdl.create_dataset", acl.mdl.create_dataset(), what)
-            for dataset, ios, places, buffers in ((data.inputs, graph.inputs, in_places, data.input_buffers),
-                                                  (data.outputs, graph.outputs, out_places, data.output_buffers)):
-                for io, (address, nbytes) in zip(ios, places):  # om index order [ascend.md 3.3.2]
-                    buffer = self._handle("acl.create_data_buffer", acl.create_data_buffer(address, nbytes),
-                                          f"{what}, {io.name}")
+            for dataset, ios, buffers in ((data.inputs, graph.inputs, data.input_buffers),
+                                          (data.outputs, graph.outputs, data.output_buffers)):
+                for io in ios:
+                    buffer = self._handle("acl.create_data_buffer", acl.create_data_buffer(0, 0), f"{what}, {io.name}")
                     buffers.append(buffer)
                     self._value("acl.mdl.add_dataset_buffer", acl.mdl.add_dataset_buffer(dataset, buffer),
                                 f"{what}, {io.name}")
         except BaseException:
-            _destroy_gear_data(acl, data, what, [])  # a half-built gear is rebuilt on its next run
+            _destroy_gear_data(acl, data, what, [])
             raise
-        graph.gear_data[gear_index] = data
         return data
 
     def _input_place(self, graph: AclGraph, io: _Io, inputs) -> tuple[int, int]:

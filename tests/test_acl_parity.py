@@ -1,0 +1,118 @@
+"""backend="acl" on the strict pyacl emulator: the tiny bundle converted by `om.convert` (fake atc on
+PATH, default gears), run through sam3track/backends/acl.py, gives the ids and masks of ONNX Runtime
+running every call at its own size; and it keeps features and memory on the device.
+
+The emulator (sam3track.testing.acl_emulator) enforces pyacl's documented rules and runs each OM's
+ONNX at the selected gear's shape, padding bytes included, so a padding or gear bug shows here.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+
+import sam3track
+from om.convert import convert_bundle
+from sam3track.testing.acl_emulator import install
+from sam3track.testing.fake_atc import install_fake_atc
+
+from .test_static_shapes import (MODES, OPTIONS, PROMPTS, assert_same_tracks, bikes_frames, track,  # noqa: F401
+                                 unplanned)
+
+from .conftest import CLIPS
+
+
+@pytest.fixture(scope="module")
+def om_bundle(tiny_bundle, tmp_path_factory):
+    bin_dir = tmp_path_factory.mktemp("fakebin")
+    install_fake_atc(bin_dir)
+    out = tmp_path_factory.mktemp("om") / "tiny-om"
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+        om = convert_bundle(tiny_bundle, "Ascend910B2", out, log=lambda *_: None)
+    assert om["compiled"]
+    return out
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_acl_on_the_emulator_matches_unplanned_onnxruntime(om_bundle, bikes_frames, unplanned, mode):
+    with install() as emu:
+        results, calls = track(om_bundle, bikes_frames, PROMPTS, mode, backend="acl", device="npu:0", **OPTIONS)
+        assert emu.stats.live_allocations == 0 and not emu.stats.leaks
+    assert_same_tracks(results, unplanned[mode][0])
+    # calls padded to the default gears (2 objects -> 2, 3 -> 4, one prompt's text -> 1, 2 prompts -> 2)
+    assert calls["sizes:propagation_decoder"] <= {1, 2, 4, 8, 16}
+
+
+def test_onnxruntime_forced_to_the_om_bundle_s_gears_matches_too(om_bundle, bikes_frames, unplanned):
+    results, calls = track(om_bundle, bikes_frames, PROMPTS, "forward", gears="compiled", **OPTIONS)
+    assert_same_tracks(results, unplanned["forward"][0])
+    assert 4 in calls["sizes:propagation_decoder"] or 2 in calls["sizes:propagation_decoder"]
+
+
+def test_a_60_frame_run_keeps_features_and_memory_on_the_device(om_bundle):
+    """Counters of a 60-frame run on the emulator: no host copy of a feature map, a memory or text
+    features; one execute per graph per frame whatever the number of objects (up to the largest
+    gear); no dataset created after load; nothing left allocated after close()."""
+    from sam3track.video import open_video
+
+    with open_video(CLIPS / "bikes.mp4") as video:
+        frames = np.stack([video.read(i) for i in range(60, 120)])
+    with install() as emu:
+        predictor = sam3track.load(om_bundle, backend="acl", device="npu:0", **OPTIONS)
+        cfg, backend = predictor.config, predictor.backend
+        datasets_at_load = emu.stats.datasets_created
+        buffers_at_load = emu.stats.data_buffers_created
+        session = predictor.start_session(frames)
+        for text in PROMPTS:
+            session.add_prompt(text=text)
+        tracked = []
+        original_step = session.loop.step
+
+        def counting_step(*args, **kwargs):
+            tracked.append(len(session.objects.obj_ids))
+            return original_step(*args, **kwargs)
+
+        session.loop.step = counting_step
+        results = list(session.propagate())
+        assert len(results) == 60 and max(tracked) >= 3, tracked
+
+        # nothing feature-, memory- or text-shaped ever came to the host
+        hw, t = cfg.feature_grid ** 2, cfg.text_length
+        text_width = predictor.bundle.manifest["config"]["detector"]["text_width"]
+        big = {(hw, cfg.memory_dim), (t, text_width)}
+        for direction, shape in backend.transfer_log:
+            if direction == "to_host":
+                assert len(shape) < 2 or tuple(shape[-2:]) not in big, shape
+                assert len(shape) < 3 or tuple(shape[-3:]) != (cfg.hidden_dim, cfg.feature_grid, cfg.feature_grid)
+        t_ = backend.transfers
+        assert (emu.stats.d2h_count, emu.stats.d2h_bytes) == (t_.device_to_host, t_.device_to_host_bytes)
+
+        # one execute per graph per frame, however many objects (<= 16, the largest gear)
+        assert max(tracked) <= 16
+        executes = emu.stats.executes
+        assert executes["backbone.om"] == executes["grounding_head.om"] == 60
+        assert executes["propagation_decoder.om"] == sum(1 for n in tracked if n)
+        assert executes["memory_encoder.om"] <= 2 * 60 and executes["mask_init.om"] <= 60
+
+        assert (emu.stats.datasets_created, emu.stats.data_buffers_created) == (datasets_at_load, buffers_at_load)
+        predictor.close()
+        predictor.close()  # idempotent
+        assert emu.stats.live_allocations == 0 and not emu.stats.leaks
+
+
+def test_a_plain_bundle_or_a_planned_one_is_refused_by_acl(tiny_bundle, om_bundle, tmp_path):
+    with install():
+        with pytest.raises(sam3track.BundleError, match="om.convert"):
+            sam3track.load(tiny_bundle, backend="acl", device="npu:0")
+        planned = tmp_path / "planned"
+        convert_bundle(tiny_bundle, "Ascend910B2", planned, atc=None, log=lambda *_: None)
+        with pytest.raises(sam3track.BundleError, match="planned, not compiled"):
+            sam3track.load(planned, backend="acl", device="npu:0")
+
+
+def test_without_pyacl_the_acl_backend_says_where_it_comes_from(om_bundle):
+    with pytest.raises(sam3track.Sam3TrackError, match="CANN.*acl_emulator"):
+        sam3track.load(om_bundle, backend="acl", device="npu:0")
