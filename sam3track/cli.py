@@ -121,9 +121,9 @@ def build_parser() -> argparse.ArgumentParser:
                             "--start-frame N then starts at frame N's time); default: the first "
                             "frame written is at 0, spacing unchanged")
     track.add_argument("--backend", default="onnxruntime", metavar="NAME",
-                       help="inference backend (default: onnxruntime)")
+                       help="inference backend: onnxruntime, or acl for an OM bundle (default: onnxruntime)")
     track.add_argument("--device", default="cpu", metavar="NAME",
-                       help="device for the backend, e.g. cpu or cuda (default: cpu)")
+                       help="device for the backend: cpu, cuda:N or cann:N (onnxruntime), npu:N (acl) (default: cpu)")
     track.add_argument("--set", type=_setting, action="append", default=[], metavar="NAME=VALUE",
                        help="override a threshold or heuristic of the bundle's configuration, e.g. "
                             "--set new_det_thresh=0.6 (names: sam3track/config.py); repeat for several")

@@ -53,6 +53,13 @@ def _backends_lines() -> list[str]:
         lines.append(f"onnxruntime {onnxruntime.__version__}: providers {', '.join(providers)}")
     except Exception as e:  # not installed, or a broken build
         lines.append(f"onnxruntime: not available ({type(e).__name__}: {e}); pip install onnxruntime")
+    try:
+        import acl  # noqa: F401  pyacl, from the CANN toolkit
+
+        lines.append("acl (Ascend OM bundles): pyacl found; run an OM bundle with backend='acl', device='npu:0'")
+    except Exception:
+        lines.append("acl (Ascend OM bundles): pyacl not found (it comes with the CANN toolkit: source set_env.sh); "
+                     "convert a bundle with python -m om.convert")
     return lines
 
 
