@@ -1,0 +1,166 @@
+"""What the acl backend knows about one OM model: its inputs and outputs as the OM desc reports
+them, its compiled gears, and the checks that tie them to om_manifest.json and to a run's tensors.
+
+(The backend itself, memory, datasets and the call sequence, is sam3track/backends/acl.py.)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..errors import BackendError, BundleError, Sam3TrackError
+from .base import Graph
+
+HIDDEN_INPUT = "ascend_mbatch_shape_data"  # the extra, last input of every gear model [P-dyn 0107, MMD]
+
+
+@dataclass
+class _Io:
+    """One model input or output as the OM desc reports it."""
+
+    index: int  # om index: datasets are laid out in this order [ascend.md 3.3.2]
+    name: str
+    dtype: np.dtype
+    dims: tuple[int, ...]  # inputs: -1 on gear axes; outputs: the largest gear's shape
+    axes: tuple[str | None, ...]  # the manifest's axis name of every dim (None: a fixed dim)
+    nbytes: int  # get_*_size_by_index: the largest gear's size [MMD; ascend.md 2]
+
+
+@dataclass
+class _Gear:
+    sizes: dict[str, int]  # axis -> size in this gear ({} for a static model)
+    value: Any  # what set_dynamic_* takes: a batch size, one get_input_dynamic_dims entry, None
+
+
+@dataclass
+class _GearData:
+    """One (graph, gear)'s datasets; their data buffers are re-pointed on every run."""
+
+    inputs: int
+    outputs: int
+    input_buffers: list[int]
+    output_buffers: list[int]
+
+
+
+@dataclass(eq=False)
+class AclGraph(Graph):
+    name: str
+    input_names: tuple[str, ...]
+    output_names: tuple[str, ...]
+    shapes: dict[str, tuple[int | None, ...]]
+    dims: dict[str, tuple[int | str, ...]]
+    sizes: dict[str, tuple[int, ...]]
+    mode: str
+    model_id: int
+    desc: int
+    inputs: list[_Io]  # om order, hidden input included
+    outputs: list[_Io]  # om order
+    hidden: _Io | None
+    gears: list[_Gear]
+    hidden_buffer: Any = None  # _Allocation of acl.py
+    host_inputs: dict[str, Any] = field(default_factory=dict)
+    output_buffers: dict[str, Any] = field(default_factory=dict)
+    gear_data: dict[int, _GearData] = field(default_factory=dict)  # index into gears -> datasets
+
+
+
+def _om_path(name: str, path: str, compiled: dict | None) -> Path:
+    if compiled is None:
+        raise BundleError(f"graph {name} ({path}): not an OM bundle: convert it with python -m om.convert BUNDLE "
+                          "--soc SOC --out OM_BUNDLE, then load OM_BUNDLE with backend='acl'")
+    if not compiled.get("om_file"):
+        raise BundleError(f"graph {name}: planned, not compiled: run python -m om.convert on a machine with CANN's "
+                          "atc, or the atc/*.atc.sh scripts it wrote (om_manifest.json has no om_file)")
+    om_path = Path(compiled["root"]) / compiled["om_file"]
+    if not om_path.is_file():
+        raise BundleError(f"graph {name}: {om_path} is missing; convert the bundle again (python -m om.convert)")
+    return om_path
+
+
+def _check_names(where: str, compiled: dict, inputs: list[_Io], outputs: list[_Io]) -> None:
+    """Bind by name, never by position: the OM's names must be the manifest's (the order may differ)."""
+    want_in = sorted(t["name"] for t in compiled.get("inputs", []) if not t.get("hidden"))
+    want_out = sorted(t["name"] for t in compiled.get("outputs", []))
+    have_in, have_out = sorted(io.name for io in inputs), sorted(io.name for io in outputs)
+    if (want_in and have_in != want_in) or (want_out and have_out != want_out):
+        raise BundleError(f"{where}: the OM model has inputs {have_in} and outputs {have_out}, om_manifest.json "
+                          f"lists {want_in} and {want_out}; convert the bundle again (python -m om.convert)")
+
+
+def _check_sized(where: str, inputs: list[_Io], outputs: list[_Io]) -> None:
+    """Buffers are sized from the desc: every output needs its largest-gear dims and size, every input
+    its size (shape-range models report 0 [P-dyn 0047]; the acl backend runs gear and static models)."""
+    for kind, ios in (("input", inputs), ("output", outputs)):
+        for io in ios:
+            if io.nbytes <= 0 or (kind == "output" and any(d < 0 for d in io.dims)):
+                raise BundleError(f"{where}: {kind} {io.name} has dims {list(io.dims)} and size {io.nbytes} in the OM "
+                                  "model: its size is not fixed at compile time (a shape-range model, or atc could not "
+                                  "infer it); the acl backend runs static and gear models: convert the bundle again")
+
+
+def _profile_sizes(where: str, entry: dict, visible: list[_Io], placeholders, axis_of) -> dict[str, int]:
+    """One get_input_dynamic_dims entry -> axis sizes. Its dims are the concatenated full shapes of
+    all inputs in om order [P-0226]; a list of only the -1 values is read too [unconfirmed which one
+    every CANN version returns]."""
+    values = [int(v) for v in entry["dims"][:entry.get("dimCount", len(entry["dims"]))]]
+    if len(values) == sum(len(io.dims) for io in visible):
+        offsets, at = {}, 0
+        for io in visible:
+            offsets[io.name] = at
+            at += len(io.dims)
+        picked = [values[offsets[io.name] + d] for io, d in placeholders]
+    elif len(values) == len(placeholders):
+        picked = values
+    else:
+        raise BundleError(f"{where}: a dynamic dims gear {values} matches neither the inputs' dims nor their "
+                          f"{len(placeholders)} dynamic dims; convert the bundle again")
+    sizes: dict[str, int] = {}
+    for axis, value in zip(axis_of, picked):
+        if sizes.setdefault(axis, value) != value:
+            raise BundleError(f"{where}: a dynamic dims gear {values} gives axis {axis} two sizes; the model's inputs "
+                              "do not share their axes as om_manifest.json says: convert the bundle again")
+    return sizes
+
+
+def _check_gears(where: str, gears: list[_Gear], sizes: dict[str, tuple[int, ...]]) -> None:
+    """The gears compiled into the OM against om_manifest.json's axes: a mismatch between what the
+    converter thinks atc compiled and what it did must surface here, not as a wrong result."""
+    for axis in sorted({axis for gear in gears for axis in gear.sizes}):
+        have = sorted({gear.sizes[axis] for gear in gears})
+        want = sorted(sizes.get(axis, ()))
+        if have != want:
+            raise BundleError(f"{where}: the OM model was compiled with sizes {have} on axis {axis}, om_manifest.json "
+                              f"says {want or 'none'}; convert the bundle again (python -m om.convert)")
+
+
+def _check_io_names(graph: AclGraph, inputs, outputs) -> None:
+    missing = [name for name in graph.input_names if name not in inputs]
+    if missing:
+        raise Sam3TrackError(f"graph {graph.name} needs input {missing[0]!r}")
+    unknown = [name for name in list(inputs) + list(outputs) if name not in graph.input_names + graph.output_names]
+    if unknown:
+        raise BackendError(f"internal error: graph {graph.name} has no tensor {unknown[0]!r}; please report this")
+
+
+def _as_om_dtype(graph: AclGraph, io: _Io, array) -> np.ndarray:
+    """Host inputs in the dtype the OM takes (get_input_data_type, which ATC may have changed, e.g.
+    --input_fp16_nodes [ascend.md 3.3.4]); only casts that keep the kind of value (or from bool)."""
+    array = np.asarray(array)
+    if array.dtype != io.dtype:
+        if not (array.dtype == np.bool_ or np.can_cast(array.dtype, io.dtype, "same_kind")):
+            raise BackendError(f"graph {graph.name}: input {io.name} is {array.dtype} on the host, the OM model takes "
+                               f"{io.dtype}")
+        array = array.astype(io.dtype)
+    return np.ascontiguousarray(array)
+
+
+def _gear_shape(io: _Io, gear: _Gear) -> tuple[int, ...]:
+    """An output's shape at `gear`: its largest-gear dims with every gear axis at the gear's size."""
+    return tuple(gear.sizes.get(axis, d) if axis is not None else d for d, axis in zip(io.dims, io.axes))
+
+
