@@ -116,3 +116,17 @@ def test_a_plain_bundle_or_a_planned_one_is_refused_by_acl(tiny_bundle, om_bundl
 def test_without_pyacl_the_acl_backend_says_where_it_comes_from(om_bundle):
     with pytest.raises(sam3track.Sam3TrackError, match="CANN.*acl_emulator"):
         sam3track.load(om_bundle, backend="acl", device="npu:0")
+
+
+def test_64_objects_on_an_om_bundle_compiled_up_to_16_equal_the_unchunked_run(tiny_bundle, om_bundle, bikes_frames):
+    """Every query of four prompts becomes an object (thresholds 0, NMS off): 64 objects, four calls of
+    the largest gear on the emulator, the results of one unplanned ONNX Runtime call."""
+    options = dict(score_threshold_detection=0.0, new_det_thresh=0.0, mask_nms=False, hotstart_delay=0,
+                   recondition_every_nth_frame=0)
+    prompts, frames = ["person", "bike", "tree", "road"], bikes_frames[:3]
+    want, _ = track(tiny_bundle, frames, prompts, **options)
+    with install() as emu:
+        got, calls = track(om_bundle, frames, prompts, backend="acl", device="npu:0", **options)
+        assert emu.stats.executes["propagation_decoder.om"] >= 4 * (len(frames) - 1)  # >= 64 objects a frame
+    assert len(want[0]) == 64 and calls["sizes:propagation_decoder"] == {16}
+    assert_same_tracks(got, want)
