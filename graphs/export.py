@@ -20,6 +20,7 @@ import time
 import warnings
 from pathlib import Path
 
+from sam3track.atomic_files import replace_directory
 from sam3track.bundle import file_sha256
 
 from .checkpoint import CheckpointError, load_model, load_tokenizer, validate_checkpoint, weights_sha256
@@ -283,13 +284,7 @@ def export_bundle(checkpoint: Path, out: Path, fp16: tuple[str, ...] = (), overw
         for file in staging.rglob("*"):  # onnx writes external data files private too
             if file.is_file():
                 os.chmod(file, 0o666 & ~umask)
-        if out.exists():  # --overwrite: swap only once the new bundle is complete
-            trash = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.parent))
-            os.replace(out, trash / out.name)
-            os.replace(staging, out)
-            shutil.rmtree(trash, ignore_errors=True)
-        else:
-            os.replace(staging, out)
+        replace_directory(staging, out)  # --overwrite: the old bundle goes only once the new one is complete
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise

@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 import sys
 from pathlib import Path
 
+from sam3track.atomic_files import replace_directory
 from sam3track.bundle import Bundle, file_sha256
 from sam3track.errors import Sam3TrackError
 
@@ -109,14 +109,7 @@ def convert_bundle(bundle: Path, soc: str, out: Path, *, gears: dict[str, tuple[
             json.dumps(manifest_mod.bundle_manifest(manifest, staging, onnx_files), indent=2))
         om = manifest_mod.om_manifest(soc, atc_mod.cann_version(), bundle / "manifest.json", entries)
         (staging / "om_manifest.json").write_text(json.dumps(om, indent=2))
-        if out.exists():  # --overwrite: swap only once the new bundle is complete
-            old = out.with_name(out.name + ".old")
-            shutil.rmtree(old, ignore_errors=True)
-            os.replace(out, old)
-            os.replace(staging, out)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(staging, out)
+        replace_directory(staging, out)  # --overwrite: the old bundle goes only once the new one is complete
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise

@@ -11,12 +11,13 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass, field
 
+from sam3track.call_sizes import DEFAULT_GEARS  # noqa: F401  one definition, shared with ONNX Runtime on CANN
+
 from .errors import PlanError
 
 MODES = ("static", "dynamic_batch", "dynamic_dims", "shape_range")
 # ATC: "(1,100]" gears for --dynamic_batch_size and profiles for --dynamic_dims [D-batch, D-dims].
 MIN_PROFILES, MAX_PROFILES = 2, 100
-DEFAULT_GEARS = {"objects": (1, 2, 4, 8, 16), "prompts": (1, 2, 4, 8), "images": (1,)}
 
 
 def default_capacities(manifest: dict) -> dict[str, int]:
@@ -42,9 +43,10 @@ def default_capacities(manifest: dict) -> dict[str, int]:
 
 def default_gears(manifest: dict) -> dict[str, tuple[int, ...]]:
     """DEFAULT_GEARS plus the pool capacities, each capacity a single (fixed) size."""
-    gears = dict(DEFAULT_GEARS)
-    gears.update({axis: (size,) for axis, size in default_capacities(manifest).items()})
-    return gears
+    from sam3track.call_sizes import default_gears as with_capacities
+    from sam3track.config import TrackerConfig
+
+    return with_capacities(TrackerConfig.from_manifest(manifest))
 
 
 def parse_gears(items: list[str], known_axes: set[str]) -> dict[str, tuple[int, ...]]:

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
+import tempfile
 from pathlib import Path
 from types import TracebackType
 from typing import TypeVar
@@ -70,6 +72,18 @@ def write_bytes_atomic(path: Path, data: bytes) -> None:
     except OSError:
         tmp.unlink(missing_ok=True)
         raise
+
+
+def replace_directory(staging: Path, out: Path) -> None:
+    """Move a finished directory onto ``out``. An existing ``out`` is moved aside only now, once the
+    new one is complete, and deleted afterwards, so ``out`` is never a half-written directory."""
+    if out.exists():
+        trash = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.parent))
+        os.replace(out, trash / out.name)
+        os.replace(staging, out)
+        shutil.rmtree(trash, ignore_errors=True)
+    else:
+        os.replace(staging, out)
 
 
 class FinishedOnExit:

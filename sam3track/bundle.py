@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 
 from .errors import BundleError
@@ -180,9 +181,10 @@ class Bundle:
         return self.root / self.manifest["graphs"][name]["file"]
 
     # ------------------------------------------------------------------------- OM bundles
-    @property
+    @cached_property
     def om_manifest(self) -> dict | None:
-        """om_manifest.json of a bundle converted by `python -m om.convert`, None for a plain bundle."""
+        """om_manifest.json of a bundle converted by `python -m om.convert`, None for a plain bundle
+        (read once: every graph's load asks for its entry)."""
         path = self.root / OM_MANIFEST
         if not path.is_file():
             return None
