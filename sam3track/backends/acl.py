@@ -8,7 +8,9 @@ Design
 - Handles: a DeviceTensor's handle is (_Allocation, byte offset). Views (rows, reshape) are interior
   pointers into the same allocation; freeing the allocation makes every view of it fail on use. As
   with ONNX Runtime, a block nobody references any more is released too (at the next call).
-- Graphs: one AclGraph per OM model (acl_models.py: its desc, input/output descriptions read from the desc BY NAME,
+- Modules: pyacl import, acl.init once per process and return codes as errors in acl_runtime.py;
+  what one OM model is (inputs, outputs, gears, the checks against om_manifest.json) in acl_models.py.
+- Graphs: one AclGraph per OM model (its desc, input/output descriptions read from the desc BY NAME,
   its compiled gears) with buffers it owns: device input buffers + pinned host staging for inputs
   that arrive as numpy arrays, the hidden `ascend_mbatch_shape_data` buffer, one output buffer per
   output that the caller did not place (sized for the largest gear, reused by every run).
@@ -25,7 +27,6 @@ Design
 from __future__ import annotations
 
 import ctypes
-import re
 import threading
 import time
 import weakref
@@ -35,107 +36,18 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import BackendError, BundleError, Sam3TrackError
+from ..errors import BackendError, BundleError
 from .acl_models import (HIDDEN_INPUT, AclGraph, _as_om_dtype, _check_gears, _check_io_names, _check_names,
-                         _check_sized, _Gear, _GearData, _gear_shape, _Io, _om_path, _profile_sizes)
+                         _check_sized, _Gear, _GearData, _gear_shape, _Io, _om_path, _profile_sizes, pick_gear)
+from .acl_runtime import (_ACL_DTYPES, ACL_MEM_MALLOC_HUGE_FIRST, ACL_SUCCESS, MEMCPY_DEVICE_TO_DEVICE,
+                          MEMCPY_DEVICE_TO_HOST, MEMCPY_HOST_TO_DEVICE, _acquire_acl, _error, _import_acl,
+                          _parse_device, _release_acl)
 from .base import Backend, DeviceTensor
-
-
-# acl constants [ascend.md 2.1]
-ACL_SUCCESS = 0
-ACL_ERROR_REPEAT_INITIALIZE = 100002  # benign: someone else in this process called acl.init [MMD]
-ACL_ERROR_REPEAT_FINALIZE = 100037
-ACL_MEM_MALLOC_HUGE_FIRST = 0  # the policy mmdeploy and acllite use
-MEMCPY_HOST_TO_DEVICE, MEMCPY_DEVICE_TO_HOST, MEMCPY_DEVICE_TO_DEVICE = 1, 2, 3
-# memcpy_async wants 64-byte aligned addresses [P-0125]; rt.malloc starts are 64-byte aligned [P-0114]
-ALIGNMENT = 64
-
-# aclDataType -> numpy [acl_base.h via ascend.md 2.1]
-_ACL_DTYPES = {0: np.float32, 1: np.float16, 2: np.int8, 3: np.int32, 4: np.uint8, 6: np.int16, 7: np.uint16,
-               8: np.uint32, 9: np.int64, 10: np.uint64, 11: np.float64, 12: np.bool_}
-
-# Hints for the codes whose cause is known [ERR, ascend.md 1.1 and 2.2]
-_HINTS = {
-    100012: "the OM file was built by another CANN version: run python -m om.convert again with this CANN's atc",
-    100013: "the OM file was built by another CANN version: run python -m om.convert again with this CANN's atc",
-    107002: "no current context on this thread",
-    145013: "the gear was not compiled into the model",
-    507011: "model execution failed; if every model fails, compare --soc_version in om_manifest.json with npu-smi info",
-}
-
-
-# ------------------------------------------------------------------------ acl.init, once per process
-# acl.init may be called once per process (a second call returns 100002) and acl.finalize once
-# [ascend.md 3.1.1]. Backends share one refcount per acl module object (a test installs a fresh fake
-# module each time; a leaked backend of an earlier module must not make this one skip acl.init).
-_INIT_LOCK = threading.Lock()
-_INIT_STATE: dict[int, list] = {}  # id(acl module) -> [module, users, owned]
-
-
-def _acquire_acl(acl) -> None:
-    with _INIT_LOCK:
-        state = _INIT_STATE.get(id(acl))
-        if state is None or state[0] is not acl:
-            ret = acl.init()
-            if ret not in (ACL_SUCCESS, ACL_ERROR_REPEAT_INITIALIZE):
-                raise _error(acl, "acl.init", ret)
-            # 100002: another library initialised acl in this process; it finalizes, not us [MMD]
-            state = _INIT_STATE[id(acl)] = [acl, 0, ret == ACL_SUCCESS]
-        state[1] += 1
-
-
-def _release_acl(acl) -> None:
-    with _INIT_LOCK:
-        state = _INIT_STATE.get(id(acl))
-        if state is None or state[0] is not acl:
-            return
-        state[1] -= 1
-        if state[1] > 0:
-            return
-        del _INIT_STATE[id(acl)]
-        if state[2]:
-            ret = acl.finalize()
-            if ret not in (ACL_SUCCESS, ACL_ERROR_REPEAT_FINALIZE):
-                raise _error(acl, "acl.finalize", ret)
 
 
 # Which backend's context this thread made current last. A per-backend token object (never the
 # context handle, which a later context may reuse) so a stale entry can never match a new backend.
 _THREAD = threading.local()
-
-
-def _error(acl, call: str, code, what: str = "") -> BackendError:
-    try:
-        message = acl.get_recent_err_msg() or ""
-    except Exception:  # the message is a courtesy; the code is the fact
-        message = ""
-    hint = _HINTS.get(code)
-    where = f" ({what})" if what else ""
-    text = f"{call} failed{where} with acl error {code}"
-    if hint:
-        text += f" [{hint}]"
-    if message:
-        text += f": {str(message).strip()}"
-    return BackendError(text)
-
-
-def _parse_device(device: str) -> int:
-    match = re.fullmatch(r"npu(?::(\d+))?", str(device))
-    if match is None:
-        raise Sam3TrackError(f"unknown device {device!r} for the acl backend; use 'npu:N' (N = the NPU's index, "
-                             "as npu-smi info lists them), e.g. 'npu:0'")
-    return int(match.group(1) or 0)
-
-
-def _import_acl():
-    try:
-        import acl
-    except ImportError as exc:
-        raise Sam3TrackError(
-            "the acl backend needs pyacl (the `acl` module), which comes with the CANN toolkit: source its "
-            "set_env.sh (e.g. . /usr/local/Ascend/ascend-toolkit/set_env.sh) before starting Python. Tests "
-            "without CANN use the emulator: sam3track.testing.acl_emulator.install()") from exc
-    return acl
 
 
 # --------------------------------------------------------------------------------- state records
@@ -469,7 +381,7 @@ class AclBackend(Backend):
         outputs = outputs or {}
         graph = self._own(graph)
         _check_io_names(graph, inputs, outputs)
-        gear_index = self._pick_gear(graph, inputs)
+        gear_index = pick_gear(graph, inputs)
         gear = graph.gears[gear_index]
         self.calls[graph.name] += 1
         started = time.perf_counter()
@@ -498,41 +410,6 @@ class AclBackend(Backend):
             raise BackendError(f"internal error: graph {getattr(graph, 'name', graph)!r} was not loaded by this "
                                "acl backend; please report this")
         return graph
-
-    def _pick_gear(self, graph: AclGraph, inputs) -> int:
-        """The compiled gear the inputs' sizes on the graph's axes select; they must be one exactly
-        (Backend.plan rounded them up; padding is the caller's)."""
-        seen: dict[str, tuple[int, str]] = {}
-        for io in graph.inputs:
-            if io is graph.hidden:
-                continue
-            shape = tuple(inputs[io.name].shape)
-            if len(shape) != len(io.dims):
-                raise BackendError(f"graph {graph.name}: input {io.name} has shape {shape}, the OM model takes "
-                                   f"{len(io.dims)} dims {list(io.dims)}")
-            for d, (want, have, axis) in enumerate(zip(io.dims, shape, io.axes)):
-                if want >= 0:
-                    if want != have:
-                        on = f"axis {axis} (dim {d})" if axis else f"dim {d}"
-                        raise BackendError(f"graph {graph.name}: input {io.name} has size {have} on {on}, the OM "
-                                           f"model was compiled for {want} only (shape {list(io.dims)})")
-                    continue
-                axis = axis or f"{io.name}[{d}]"
-                first = seen.setdefault(axis, (have, io.name))
-                if first[0] != have:
-                    raise BackendError(f"graph {graph.name}: axis {axis} has size {first[0]} in {first[1]} but "
-                                       f"{have} in {io.name}")
-        for index, gear in enumerate(graph.gears):
-            if all(gear.sizes.get(axis) == size for axis, (size, _) in seen.items()):
-                return index
-        for axis, (size, tensor) in seen.items():
-            compiled = sorted({g.sizes[axis] for g in graph.gears if axis in g.sizes})
-            if size not in compiled:
-                raise BackendError(f"graph {graph.name}: input {tensor} has size {size} on axis {axis}, which is not "
-                                   f"a compiled gear (gears: {compiled}); plan the call with backend.plan(graph, "
-                                   f"{axis!r}, n) and pad to that size")
-        raise BackendError(f"graph {graph.name}: sizes {({a: s for a, (s, _) in seen.items()})} are not one of the "
-                           f"compiled profiles {[g.sizes for g in graph.gears]}")
 
     def _bind(self, graph: AclGraph, gear_index: int, in_places, out_places) -> _GearData:
         """The gear's datasets pointed at this run's memory: only acl.update_data_buffer [MMD], never

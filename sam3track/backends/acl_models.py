@@ -164,3 +164,37 @@ def _gear_shape(io: _Io, gear: _Gear) -> tuple[int, ...]:
     return tuple(gear.sizes.get(axis, d) if axis is not None else d for d, axis in zip(io.dims, io.axes))
 
 
+def pick_gear(graph: AclGraph, inputs) -> int:
+    """The compiled gear the inputs' sizes on the graph's axes select; they must be one exactly
+    (Backend.plan rounded them up; padding is the caller's)."""
+    seen: dict[str, tuple[int, str]] = {}
+    for io in graph.inputs:
+        if io is graph.hidden:
+            continue
+        shape = tuple(inputs[io.name].shape)
+        if len(shape) != len(io.dims):
+            raise BackendError(f"graph {graph.name}: input {io.name} has shape {shape}, the OM model takes "
+                               f"{len(io.dims)} dims {list(io.dims)}")
+        for d, (want, have, axis) in enumerate(zip(io.dims, shape, io.axes)):
+            if want >= 0:
+                if want != have:
+                    on = f"axis {axis} (dim {d})" if axis else f"dim {d}"
+                    raise BackendError(f"graph {graph.name}: input {io.name} has size {have} on {on}, the OM "
+                                       f"model was compiled for {want} only (shape {list(io.dims)})")
+                continue
+            axis = axis or f"{io.name}[{d}]"
+            first = seen.setdefault(axis, (have, io.name))
+            if first[0] != have:
+                raise BackendError(f"graph {graph.name}: axis {axis} has size {first[0]} in {first[1]} but "
+                                   f"{have} in {io.name}")
+    for index, gear in enumerate(graph.gears):
+        if all(gear.sizes.get(axis) == size for axis, (size, _) in seen.items()):
+            return index
+    for axis, (size, tensor) in seen.items():
+        compiled = sorted({g.sizes[axis] for g in graph.gears if axis in g.sizes})
+        if size not in compiled:
+            raise BackendError(f"graph {graph.name}: input {tensor} has size {size} on axis {axis}, which is not "
+                               f"a compiled gear (gears: {compiled}); plan the call with backend.plan(graph, "
+                               f"{axis!r}, n) and pad to that size")
+    raise BackendError(f"graph {graph.name}: sizes {({a: s for a, (s, _) in seen.items()})} are not one of the "
+                       f"compiled profiles {[g.sizes for g in graph.gears]}")
