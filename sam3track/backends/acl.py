@@ -9,7 +9,8 @@ Design
   pointers into the same allocation; freeing the allocation makes every view of it fail on use. As
   with ONNX Runtime, a block nobody references any more is released too (at the next call).
 - Modules: pyacl import, acl.init once per process and return codes as errors in acl_runtime.py;
-  what one OM model is (inputs, outputs, gears, the checks against om_manifest.json) in acl_models.py.
+  what one OM model is (inputs, outputs, gears, the checks against om_manifest.json) in acl_models.py;
+  how a run's tensors reach the model (datasets, staging, outputs, gears) in acl_datasets.py.
 - Graphs: one AclGraph per OM model (its desc, input/output descriptions read from the desc BY NAME,
   its compiled gears) with buffers it owns: device input buffers + pinned host staging for inputs
   that arrive as numpy arrays, the hidden `ascend_mbatch_shape_data` buffer, one output buffer per
@@ -26,21 +27,19 @@ Design
 
 from __future__ import annotations
 
-import ctypes
 import threading
 import time
 import weakref
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
 from ..errors import BackendError, BundleError
-from .acl_models import (HIDDEN_INPUT, AclGraph, _as_om_dtype, _check_gears, _check_io_names, _check_names,
-                         _check_sized, _Gear, _GearData, _gear_shape, _Io, _om_path, _profile_sizes, pick_gear)
+from .acl_datasets import DatasetIO, destroy_gear_data
+from .acl_models import (HIDDEN_INPUT, AclGraph, _check_gears, _check_io_names, _check_names, _check_sized, _Gear,
+                         _Io, _om_path, _profile_sizes, pick_gear)
 from .acl_runtime import (_ACL_DTYPES, ACL_MEM_MALLOC_HUGE_FIRST, ACL_SUCCESS, MEMCPY_DEVICE_TO_DEVICE,
-                          MEMCPY_DEVICE_TO_HOST, MEMCPY_HOST_TO_DEVICE, _acquire_acl, _error, _import_acl,
+                          MEMCPY_DEVICE_TO_HOST, MEMCPY_HOST_TO_DEVICE, _acquire_acl, _Allocation, _error, _import_acl,
                           _parse_device, _release_acl)
 from .base import Backend, DeviceTensor
 
@@ -50,33 +49,8 @@ from .base import Backend, DeviceTensor
 _THREAD = threading.local()
 
 
-# --------------------------------------------------------------------------------- state records
-@dataclass(eq=False)
-class _Allocation:
-    """One rt.malloc block. `graph_owned` blocks (a graph's input/output buffers) are released by
-    close() only: free() on a result tensor is a no-op, as results are only valid until the graph's
-    next run. Other blocks belong to the DeviceTensors (and views) that hold them."""
-
-    ptr: int
-    nbytes: int
-    what: str
-    graph_owned: bool = False
-    freed: bool = False
-    collected: Any = field(default=None, repr=False)  # weakref.finalize: queues the block when unreferenced
-
-
-@dataclass
-class _HostInput:
-    """Where an input that arrives as a host array goes: pinned staging (memcpy_async needs host
-    memory from malloc_host [P-0125]) and a device buffer, both sized for the largest gear."""
-
-    host_ptr: int
-    host: np.ndarray  # uint8 view of the pinned memory
-    device: _Allocation
-
-
 # --------------------------------------------------------------------------------------- backend
-class AclBackend(Backend):
+class AclBackend(DatasetIO, Backend):
     name = "acl"
 
     def __init__(self, device: str = "npu:0", threads: int | None = None):
@@ -411,132 +385,6 @@ class AclBackend(Backend):
                                "acl backend; please report this")
         return graph
 
-    def _bind(self, graph: AclGraph, gear_index: int, in_places, out_places) -> _GearData:
-        """The gear's datasets pointed at this run's memory: only acl.update_data_buffer [MMD], never
-        a dataset or data buffer created while tracking."""
-        data = graph.gear_data[gear_index]
-        for buffer, (address, nbytes), io in zip(data.input_buffers + data.output_buffers, in_places + out_places,
-                                                 graph.inputs + graph.outputs):
-            self._call("acl.update_data_buffer", self._acl.update_data_buffer(buffer, address, nbytes),
-                       f"graph {graph.name}, {io.name}")
-        return data
-
-    def _new_gear_data(self, graph: AclGraph) -> _GearData:
-        """One input and one output dataset for a gear, built at load: one data buffer per om input
-        and output, the hidden input included, in om index order [ascend.md 3.3.1-3.3.2]. They start
-        empty (address 0, size 0: the form AscendCL documents for buffers filled later [unconfirmed
-        for inputs]) and every run re-points them before executing."""
-        acl, what = self._acl, f"graph {graph.name}"
-        data = _GearData(0, 0, [], [])
-        try:
-            data.inputs = self._handle("acl.mdl.create_dataset", acl.mdl.create_dataset(), what)
-            data.outputs = self._handle("acl.mdl.create_dataset", acl.mdl.create_dataset(), what)
-            for dataset, ios, buffers in ((data.inputs, graph.inputs, data.input_buffers),
-                                          (data.outputs, graph.outputs, data.output_buffers)):
-                for io in ios:
-                    buffer = self._handle("acl.create_data_buffer", acl.create_data_buffer(0, 0), f"{what}, {io.name}")
-                    buffers.append(buffer)
-                    self._value("acl.mdl.add_dataset_buffer", acl.mdl.add_dataset_buffer(dataset, buffer),
-                                f"{what}, {io.name}")
-        except BaseException:
-            _destroy_gear_data(acl, data, what, [])
-            raise
-        return data
-
-    def _input_place(self, graph: AclGraph, io: _Io, inputs) -> tuple[int, int]:
-        """(device address, bytes) an input is read from this run."""
-        if io is graph.hidden:
-            return graph.hidden_buffer.ptr, io.nbytes  # set_dynamic_* fills it [MMD, ACLL]
-        value = inputs[io.name]
-        if isinstance(value, DeviceTensor):
-            if np.dtype(value.dtype) != io.dtype:
-                raise BackendError(f"graph {graph.name}: input {io.name} is {np.dtype(value.dtype)} on the device, "
-                                   f"the OM model takes {io.dtype}")
-            return self._address(value), value.nbytes
-        return self._stage(graph, io, value)
-
-    def _stage(self, graph: AclGraph, io: _Io, array) -> tuple[int, int]:
-        """Host array -> pinned staging -> memcpy_async into the graph's own input buffer (queued on the
-        stream ahead of the model, so one synchronize covers both)."""
-        array = _as_om_dtype(graph, io, array)
-        staged = graph.host_inputs.get(io.name)
-        if staged is None:
-            staged = graph.host_inputs[io.name] = self._host_input(graph, io)
-        nbytes = array.nbytes
-        if nbytes > staged.device.nbytes:
-            raise BackendError(f"graph {graph.name}: input {io.name} {array.shape} is {nbytes} bytes, more than the "
-                               f"largest gear's {staged.device.nbytes}")
-        staged.host[:nbytes] = array.reshape(-1).view(np.uint8)
-        if nbytes:
-            self._call("acl.rt.memcpy_async",
-                       self._acl.rt.memcpy_async(staged.device.ptr, staged.device.nbytes, staged.host_ptr, nbytes,
-                                                 MEMCPY_HOST_TO_DEVICE, self._stream),
-                       f"graph {graph.name}, input {io.name}")
-        self._count("to_device", array.shape, nbytes)
-        return staged.device.ptr, nbytes
-
-    def _host_input(self, graph: AclGraph, io: _Io) -> _HostInput:
-        size = max(io.nbytes, 1)
-        device = self._malloc(size, f"graph {graph.name} input {io.name}", graph_owned=True)
-        host_ptr = self._value("acl.rt.malloc_host", self._acl.rt.malloc_host(size),
-                               f"graph {graph.name} input {io.name}, {size} bytes")
-        self._host_blocks.append(host_ptr)
-        host = np.ctypeslib.as_array((ctypes.c_uint8 * size).from_address(host_ptr))
-        return _HostInput(host_ptr, host, device)
-
-    def _output_place(self, graph: AclGraph, io: _Io, gear: _Gear, outputs) -> tuple[int, int]:
-        """(device address, bytes) an output is written to this run."""
-        target = outputs.get(io.name)
-        if target is None:
-            buffer = graph.output_buffers.get(io.name)
-            if buffer is None:
-                buffer = graph.output_buffers[io.name] = self._malloc(
-                    io.nbytes, f"graph {graph.name} output {io.name}", graph_owned=True)
-            return buffer.ptr, io.nbytes
-        want = _gear_shape(io, gear)
-        if tuple(target.shape) != want or np.dtype(target.dtype) != io.dtype:
-            raise BackendError(f"graph {graph.name}: output {io.name} at this gear is {want} {io.dtype}, the tensor "
-                               f"given for it is {tuple(target.shape)} {np.dtype(target.dtype)}")
-        # [unconfirmed] the real runtime accepting an output buffer sized for the current gear, not
-        # the largest (mmdeploy always passes the largest [MMD]); if it refuses, place the result in
-        # the graph's own buffer and copy it device to device here.
-        return self._address(target), target.nbytes
-
-    def _set_gear(self, graph: AclGraph, gear: _Gear, data: _GearData) -> None:
-        """Gear models need the gear set on the input dataset before every execute, at the hidden
-        input's index [ascend.md 3.4.1-3.4.2, MMD]."""
-        if graph.hidden is None:
-            return
-        acl, what = self._acl, f"graph {graph.name}, gear {gear.sizes}"
-        args = (graph.model_id, data.inputs, graph.hidden.index, gear.value)
-        if graph.mode == "dynamic_batch":
-            self._call("acl.mdl.set_dynamic_batch_size", acl.mdl.set_dynamic_batch_size(*args), what)
-        else:
-            self._call("acl.mdl.set_input_dynamic_dims", acl.mdl.set_input_dynamic_dims(*args), what)
-
-    def _results(self, graph: AclGraph, gear: _Gear, outputs) -> dict[str, DeviceTensor]:
-        """Every output at the gear's shape, read with get_cur_output_dims (never the largest gear's
-        dims [C-1466, ascend.md 3.4.4])."""
-        result = {}
-        for io in graph.outputs:
-            dims = self._value("acl.mdl.get_cur_output_dims", self._acl.mdl.get_cur_output_dims(graph.desc, io.index),
-                               f"graph {graph.name}, output {io.name}")
-            shape = tuple(int(d) for d in dims["dims"][:dims.get("dimCount", len(dims["dims"]))])
-            target = outputs.get(io.name)
-            if target is not None:
-                if shape != tuple(target.shape):
-                    raise BackendError(f"graph {graph.name}: output {io.name} came out {shape}, but "
-                                       f"{tuple(target.shape)} was expected at this gear; the OM model does not match "
-                                       "om_manifest.json: convert the bundle again")
-                result[io.name] = target
-                continue
-            buffer = graph.output_buffers[io.name]
-            if int(np.prod(shape, dtype=np.int64)) * io.dtype.itemsize > buffer.nbytes:
-                raise BackendError(f"graph {graph.name}: output {io.name} came out {shape}, larger than its largest "
-                                   f"gear's {buffer.nbytes} bytes")
-            result[io.name] = DeviceTensor(shape, io.dtype, (buffer, 0))
-        return result
-
     # ---------------------------------------------------------------------------- teardown
     def close(self) -> None:
         """Teardown in the documented order [ascend.md 3.1.5]; idempotent. Every step is tried even
@@ -562,7 +410,7 @@ class AclBackend(Backend):
         for graph in self._graphs:
             what = f"graph {graph.name}"
             for data in graph.gear_data.values():
-                _destroy_gear_data(acl, data, what, errors)
+                destroy_gear_data(acl, data, what, errors)
             graph.gear_data.clear()
         for graph in self._graphs:
             attempt("acl.mdl.destroy_desc", acl.mdl.destroy_desc(graph.desc), f"graph {graph.name}")
@@ -604,23 +452,6 @@ class AclBackend(Backend):
 
 
 # ------------------------------------------------------------------------------------- helpers
-def _destroy_gear_data(acl, data: _GearData, what: str, errors: list) -> None:
-    """Data buffers first, then the datasets: destroy_dataset frees neither the data buffers nor
-    their memory [ascend.md 2, MMD]. Failures are collected, not raised: teardown goes on."""
-    for buffer in data.input_buffers + data.output_buffers:
-        ret = acl.destroy_data_buffer(buffer)
-        if ret not in (ACL_SUCCESS, None):
-            errors.append(_error(acl, "acl.destroy_data_buffer", ret, what))
-    for dataset in (data.inputs, data.outputs):
-        if dataset:
-            ret = acl.mdl.destroy_dataset(dataset)
-            if ret not in (ACL_SUCCESS, None):
-                errors.append(_error(acl, "acl.mdl.destroy_dataset", ret, what))
-    data.input_buffers.clear()
-    data.output_buffers.clear()
-    data.inputs = data.outputs = 0
-
-
 def _runs(rows: np.ndarray):
     """(start, end) of every run of consecutive ascending indices in `rows`."""
     if rows.size == 0:

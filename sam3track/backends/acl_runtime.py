@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import re
 import threading
+from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -98,3 +100,17 @@ def _import_acl():
             "set_env.sh (e.g. . /usr/local/Ascend/ascend-toolkit/set_env.sh) before starting Python. Tests "
             "without CANN use the emulator: sam3track.testing.acl_emulator.install()") from exc
     return acl
+
+
+@dataclass(eq=False)
+class _Allocation:
+    """One rt.malloc block. `graph_owned` blocks (a graph's input/output buffers) are released by
+    close() only: free() on a result tensor is a no-op, as results are only valid until the graph's
+    next run. Other blocks belong to the DeviceTensors (and views) that hold them."""
+
+    ptr: int
+    nbytes: int
+    what: str
+    graph_owned: bool = False
+    freed: bool = False
+    collected: Any = field(default=None, repr=False)  # weakref.finalize: queues the block when unreferenced
