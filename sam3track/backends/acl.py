@@ -30,15 +30,13 @@ from __future__ import annotations
 import threading
 import time
 import weakref
-from pathlib import Path
 
 import numpy as np
 
-from ..errors import BackendError, BundleError
+from ..errors import BackendError
 from .acl_datasets import DatasetIO, destroy_gear_data
-from .acl_models import (HIDDEN_INPUT, AclGraph, _check_gears, _check_io_names, _check_names, _check_sized, _Gear,
-                         _Io, _om_path, _profile_sizes, pick_gear)
-from .acl_runtime import (_ACL_DTYPES, ACL_MEM_MALLOC_HUGE_FIRST, ACL_SUCCESS, MEMCPY_DEVICE_TO_DEVICE,
+from .acl_models import HIDDEN_INPUT, AclGraph, _check_io_names, _om_path, describe, pick_gear
+from .acl_runtime import (ACL_MEM_MALLOC_HUGE_FIRST, ACL_SUCCESS, MEMCPY_DEVICE_TO_DEVICE,
                           MEMCPY_DEVICE_TO_HOST, MEMCPY_HOST_TO_DEVICE, _acquire_acl, _Allocation, _error, _import_acl,
                           _parse_device, _release_acl)
 from .base import Backend, DeviceTensor
@@ -125,7 +123,7 @@ class AclBackend(DatasetIO, Backend):
         try:
             desc = self._handle("acl.mdl.create_desc", acl.mdl.create_desc(), f"graph {name}")
             self._call("acl.mdl.get_desc", acl.mdl.get_desc(desc, model_id), f"graph {name}")
-            graph = self._describe(name, om_path, compiled, model_id, desc)
+            graph = describe(acl, self._value, name, om_path, compiled, model_id, desc)
             if graph.hidden is not None:  # sized by the desc, as mmdeploy does [MMD]
                 graph.hidden_buffer = self._malloc(graph.hidden.nbytes, f"graph {name} {HIDDEN_INPUT}",
                                                    graph_owned=True)
@@ -138,85 +136,6 @@ class AclBackend(DatasetIO, Backend):
         for index in range(len(graph.gears)):
             graph.gear_data[index] = self._new_gear_data(graph)
         return graph
-
-    def _describe(self, name: str, om_path: Path, compiled: dict, model_id: int, desc: int) -> AclGraph:
-        acl = self._acl
-        where = f"graph {name} ({om_path})"
-        manifest_io = {t["name"]: t for t in compiled.get("inputs", []) + compiled.get("outputs", [])
-                       if not t.get("hidden")}
-        inputs, outputs = [], []
-        for i in range(acl.mdl.get_num_inputs(desc)):
-            tensor = acl.mdl.get_input_name_by_index(desc, i)
-            dims = self._value("acl.mdl.get_input_dims", acl.mdl.get_input_dims(desc, i), f"{where} input {i}")
-            inputs.append(self._io(where, i, tensor, dims, acl.mdl.get_input_data_type(desc, i),
-                                   acl.mdl.get_input_size_by_index(desc, i), manifest_io))
-        for i in range(acl.mdl.get_num_outputs(desc)):
-            # ONNX models' output names read `node:index:tensor` [P-0205, MMD uses split(':')[-1]]
-            tensor = acl.mdl.get_output_name_by_index(desc, i).split(":")[-1]
-            dims = self._value("acl.mdl.get_output_dims", acl.mdl.get_output_dims(desc, i), f"{where} output {i}")
-            outputs.append(self._io(where, i, tensor, dims, acl.mdl.get_output_data_type(desc, i),
-                                    acl.mdl.get_output_size_by_index(desc, i), manifest_io))
-        hidden = next((io for io in inputs if io.name == HIDDEN_INPUT), None)
-        visible = [io for io in inputs if io is not hidden]
-        _check_sized(where, visible, outputs)
-        _check_names(where, compiled, visible, outputs)
-        gears = self._read_gears(where, compiled, desc, visible, hidden)
-        sizes = {axis: tuple(int(s) for s in values) for axis, values in compiled["axes"].items()}
-        _check_gears(where, gears, sizes)
-        dynamic = {axis for axis, values in sizes.items() if len(values) > 1}
-        tensors = visible + outputs
-        return AclGraph(
-            name=name, input_names=tuple(io.name for io in visible), output_names=tuple(io.name for io in outputs),
-            shapes={io.name: tuple(None if a in dynamic or d < 0 else d for d, a in zip(io.dims, io.axes))
-                    for io in tensors},
-            # axis names where the source graph had a symbolic dim (graph.sizes says what is compiled)
-            dims={io.name: tuple(a if a is not None else d for d, a in zip(io.dims, io.axes)) for io in tensors},
-            sizes=sizes, mode=compiled.get("mode", "static"), model_id=model_id, desc=desc,
-            inputs=inputs, outputs=outputs, hidden=hidden, gears=gears)
-
-    def _io(self, where: str, index: int, name: str, dims: dict, acl_dtype: int, nbytes: int,
-            manifest_io: dict) -> _Io:
-        shape = tuple(int(d) for d in dims["dims"][:dims.get("dimCount", len(dims["dims"]))])
-        if name == HIDDEN_INPUT:
-            return _Io(index, name, np.dtype(np.uint8), shape, (None,) * len(shape), int(nbytes))
-        if acl_dtype not in _ACL_DTYPES:
-            raise BundleError(f"{where}: tensor {name} has aclDataType {acl_dtype}, which sam3track does not "
-                              "read; convert the bundle again")
-        spec = manifest_io.get(name)
-        axes = tuple(spec.get("axes") or (None,) * len(shape)) if spec else (None,) * len(shape)
-        if len(axes) != len(shape):
-            raise BundleError(f"{where}: tensor {name} has dims {list(shape)} in the OM model but "
-                              f"{len(axes)} axes in om_manifest.json; convert the bundle again")
-        return _Io(index, name, np.dtype(_ACL_DTYPES[acl_dtype]), shape, axes, int(nbytes))
-
-    def _read_gears(self, where: str, compiled: dict, desc: int, visible: list[_Io], hidden: _Io | None) -> list[_Gear]:
-        """The gears the OM model itself was compiled with (never what the manifest thinks it holds)."""
-        acl = self._acl
-        placeholders = [(io, d) for io in visible for d, size in enumerate(io.dims) if size < 0]
-        mode = compiled.get("mode", "static")
-        if hidden is None:
-            if placeholders or mode != "static":
-                found = ("dynamic dims without gears (a shape-range model, which the acl backend does not run)"
-                         if placeholders else "no gears")
-                raise BundleError(f"{where}: om_manifest.json says mode {mode!r} but the OM model has {found}; "
-                                  "convert the bundle again (python -m om.convert) with gear modes")
-            return [_Gear({}, None)]
-        axis_of = [(io.axes[d] or f"{io.name}[{d}]") for io, d in placeholders]
-        if mode == "dynamic_batch":
-            info = self._value("acl.mdl.get_dynamic_batch", acl.mdl.get_dynamic_batch(desc), where)
-            batches = [int(b) for b in info["batch"][:info.get("batchCount", len(info["batch"]))]]
-            if not batches:
-                raise BundleError(f"{where}: om_manifest.json says dynamic_batch but the OM model has no batch "
-                                  "gears; convert the bundle again")
-            return [_Gear({axis: b for axis in axis_of}, b) for b in batches]
-        if mode == "dynamic_dims":
-            count = self._value("acl.mdl.get_input_dynamic_gear_count",
-                                acl.mdl.get_input_dynamic_gear_count(desc, -1), where)
-            entries = self._value("acl.mdl.get_input_dynamic_dims", acl.mdl.get_input_dynamic_dims(desc, -1, count),
-                                  where)
-            return [_Gear(_profile_sizes(where, entry, visible, placeholders, axis_of), entry) for entry in entries]
-        raise BundleError(f"{where}: the OM model has gears but om_manifest.json says mode {mode!r}; the acl "
-                          "backend runs static, dynamic_batch and dynamic_dims models: convert the bundle again")
 
     # --------------------------------------------------------------------------- tensors
     @property

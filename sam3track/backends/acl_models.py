@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import BackendError, BundleError, Sam3TrackError
+from .acl_runtime import _ACL_DTYPES
 from .base import Graph
 
 HIDDEN_INPUT = "ascend_mbatch_shape_data"  # the extra, last input of every gear model [P-dyn 0107, MMD]
@@ -198,3 +199,84 @@ def pick_gear(graph: AclGraph, inputs) -> int:
                                f"{axis!r}, n) and pad to that size")
     raise BackendError(f"graph {graph.name}: sizes {({a: s for a, (s, _) in seen.items()})} are not one of the "
                        f"compiled profiles {[g.sizes for g in graph.gears]}")
+
+
+# ------------------------------------------------------------------------ reading an OM desc
+def describe(acl, value, name: str, om_path: Path, compiled: dict, model_id: int, desc: int) -> AclGraph:
+    """The AclGraph of a loaded OM model, read from its desc by name and checked against its
+    om_manifest.json entry. `value` is the backend's check of a (value, ret) pyacl result."""
+    where = f"graph {name} ({om_path})"
+    manifest_io = {t["name"]: t for t in compiled.get("inputs", []) + compiled.get("outputs", [])
+                   if not t.get("hidden")}
+    inputs, outputs = [], []
+    for i in range(acl.mdl.get_num_inputs(desc)):
+        tensor = acl.mdl.get_input_name_by_index(desc, i)
+        dims = value("acl.mdl.get_input_dims", acl.mdl.get_input_dims(desc, i), f"{where} input {i}")
+        inputs.append(_io(where, i, tensor, dims, acl.mdl.get_input_data_type(desc, i),
+                               acl.mdl.get_input_size_by_index(desc, i), manifest_io))
+    for i in range(acl.mdl.get_num_outputs(desc)):
+        # ONNX models' output names read `node:index:tensor` [P-0205, MMD uses split(':')[-1]]
+        tensor = acl.mdl.get_output_name_by_index(desc, i).split(":")[-1]
+        dims = value("acl.mdl.get_output_dims", acl.mdl.get_output_dims(desc, i), f"{where} output {i}")
+        outputs.append(_io(where, i, tensor, dims, acl.mdl.get_output_data_type(desc, i),
+                                acl.mdl.get_output_size_by_index(desc, i), manifest_io))
+    hidden = next((io for io in inputs if io.name == HIDDEN_INPUT), None)
+    visible = [io for io in inputs if io is not hidden]
+    _check_sized(where, visible, outputs)
+    _check_names(where, compiled, visible, outputs)
+    gears = _read_gears(acl, value, where, compiled, desc, visible, hidden)
+    sizes = {axis: tuple(int(s) for s in values) for axis, values in compiled["axes"].items()}
+    _check_gears(where, gears, sizes)
+    dynamic = {axis for axis, values in sizes.items() if len(values) > 1}
+    tensors = visible + outputs
+    return AclGraph(
+        name=name, input_names=tuple(io.name for io in visible), output_names=tuple(io.name for io in outputs),
+        shapes={io.name: tuple(None if a in dynamic or d < 0 else d for d, a in zip(io.dims, io.axes))
+                for io in tensors},
+        # axis names where the source graph had a symbolic dim (graph.sizes says what is compiled)
+        dims={io.name: tuple(a if a is not None else d for d, a in zip(io.dims, io.axes)) for io in tensors},
+        sizes=sizes, mode=compiled.get("mode", "static"), model_id=model_id, desc=desc,
+        inputs=inputs, outputs=outputs, hidden=hidden, gears=gears)
+
+def _io(where: str, index: int, name: str, dims: dict, acl_dtype: int, nbytes: int,
+        manifest_io: dict) -> _Io:
+    shape = tuple(int(d) for d in dims["dims"][:dims.get("dimCount", len(dims["dims"]))])
+    if name == HIDDEN_INPUT:
+        return _Io(index, name, np.dtype(np.uint8), shape, (None,) * len(shape), int(nbytes))
+    if acl_dtype not in _ACL_DTYPES:
+        raise BundleError(f"{where}: tensor {name} has aclDataType {acl_dtype}, which sam3track does not "
+                          "read; convert the bundle again")
+    spec = manifest_io.get(name)
+    axes = tuple(spec.get("axes") or (None,) * len(shape)) if spec else (None,) * len(shape)
+    if len(axes) != len(shape):
+        raise BundleError(f"{where}: tensor {name} has dims {list(shape)} in the OM model but "
+                          f"{len(axes)} axes in om_manifest.json; convert the bundle again")
+    return _Io(index, name, np.dtype(_ACL_DTYPES[acl_dtype]), shape, axes, int(nbytes))
+
+def _read_gears(acl, value, where: str, compiled: dict, desc: int, visible: list[_Io], hidden: _Io | None) -> list[_Gear]:
+    """The gears the OM model itself was compiled with (never what the manifest thinks it holds)."""
+    placeholders = [(io, d) for io in visible for d, size in enumerate(io.dims) if size < 0]
+    mode = compiled.get("mode", "static")
+    if hidden is None:
+        if placeholders or mode != "static":
+            found = ("dynamic dims without gears (a shape-range model, which the acl backend does not run)"
+                     if placeholders else "no gears")
+            raise BundleError(f"{where}: om_manifest.json says mode {mode!r} but the OM model has {found}; "
+                              "convert the bundle again (python -m om.convert) with gear modes")
+        return [_Gear({}, None)]
+    axis_of = [(io.axes[d] or f"{io.name}[{d}]") for io, d in placeholders]
+    if mode == "dynamic_batch":
+        info = value("acl.mdl.get_dynamic_batch", acl.mdl.get_dynamic_batch(desc), where)
+        batches = [int(b) for b in info["batch"][:info.get("batchCount", len(info["batch"]))]]
+        if not batches:
+            raise BundleError(f"{where}: om_manifest.json says dynamic_batch but the OM model has no batch "
+                              "gears; convert the bundle again")
+        return [_Gear({axis: b for axis in axis_of}, b) for b in batches]
+    if mode == "dynamic_dims":
+        count = value("acl.mdl.get_input_dynamic_gear_count",
+                            acl.mdl.get_input_dynamic_gear_count(desc, -1), where)
+        entries = value("acl.mdl.get_input_dynamic_dims", acl.mdl.get_input_dynamic_dims(desc, -1, count),
+                              where)
+        return [_Gear(_profile_sizes(where, entry, visible, placeholders, axis_of), entry) for entry in entries]
+    raise BundleError(f"{where}: the OM model has gears but om_manifest.json says mode {mode!r}; the acl "
+                      "backend runs static, dynamic_batch and dynamic_dims models: convert the bundle again")
