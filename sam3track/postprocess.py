@@ -101,4 +101,4 @@ def build_result(output, prompts: list[str], height: int, width: int, hidden: se
     if len(ids) > 1:
         masks = objectwise_non_overlap(masks, tracker, prompt_ids)
     return FrameResult(output.frame_index, np.asarray(ids, np.int64), scores, boxes, masks,
-                       [prompts[p] if p >= 0 else "" for p in prompt_ids])
+                       [prompts[p] if p >= 0 else "" for p in prompt_ids], tracker)
