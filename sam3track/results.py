@@ -22,7 +22,9 @@ class FrameResult:
     masks: np.ndarray  # bool [N, H, W]
     prompts: list[str] = field(default_factory=list)  # the text prompt each object came from ("" if clicked)
     # float32 [N], the tracker's probability that the object is present on this frame (sigmoid of its
-    # object score); the score of the object at its birth for objects born on this frame
+    # object score; the reference's obj_id_to_tracker_score, which decides who keeps an overlapping
+    # pixel); the score of the object at its birth for objects born on this frame. Zeros when a
+    # FrameResult is built without it (e.g. read back from JSON).
     tracker_probs: np.ndarray | None = None
 
     def __post_init__(self):
@@ -39,6 +41,26 @@ class FrameResult:
     @property
     def width(self) -> int:
         return int(self.masks.shape[2])
+
+    def to_official(self) -> dict:
+        """This frame in the output format of Meta's SAM 3 video predictor (its ``_postprocess_output``).
+
+        ``out_obj_ids`` int64 [N]; ``out_probs`` float32 [N], each object's score (``scores``, the
+        official ``obj_id_to_score``); ``out_boxes_xywh`` float32 [N, 4], ``(x0 / W, y0 / H, w / W,
+        h / H)`` from ``boxes_xyxy`` (inclusive pixel corners, as ``masks_to_boxes`` gives them, so
+        ``w = x1 - x0``); ``out_binary_masks`` bool [N, H, W]; ``frame_stats`` None. Arrays are copies.
+        """
+        h, w = self.height, self.width
+        boxes = np.asarray(self.boxes_xyxy, np.float32).reshape(-1, 4)
+        xywh = np.concatenate([boxes[:, :2], boxes[:, 2:] - boxes[:, :2]], axis=1)
+        xywh /= np.asarray([w, h, w, h], np.float32)
+        return {
+            "out_obj_ids": np.asarray(self.object_ids, np.int64).copy(),
+            "out_probs": np.asarray(self.scores, np.float32).copy(),
+            "out_boxes_xywh": xywh.astype(np.float32),
+            "out_binary_masks": np.asarray(self.masks, bool).copy(),
+            "frame_stats": None,
+        }
 
     @classmethod
     def empty(cls, frame_index: int, height: int, width: int) -> "FrameResult":

@@ -1,0 +1,371 @@
+"""Meta's SAM 3 video predictor request API on a sam3track bundle.
+
+Code written for the official predictor's ``handle_request`` / ``handle_stream_request`` runs
+unchanged against :class:`OfficialPredictor`::
+
+    from sam3track.compat import OfficialPredictor
+
+    predictor = OfficialPredictor("sam3-bundle")          # or OfficialPredictor(sam3track.load(...))
+    sid = predictor.handle_request({"type": "start_session", "resource_path": "video.mp4"})["session_id"]
+    predictor.handle_request({"type": "add_prompt", "session_id": sid, "frame_index": 0, "text": "dog"})
+    for response in predictor.handle_stream_request({"type": "propagate_in_video", "session_id": sid}):
+        response["frame_index"], response["outputs"]["out_binary_masks"]
+    predictor.handle_request({"type": "close_session", "session_id": sid})
+
+Request types and fields are the official ones (``sam3_base_predictor.py``); outputs are
+:meth:`FrameResult.to_official`. Semantics follow the official SAM 3 predictor:
+
+- ``add_prompt`` with ``text`` starts over (every object, memory and prompt of the session is
+  dropped, as the official ``reset_state``), then tracks ``frame_index`` with that text and returns
+  its outputs.
+- ``add_prompt`` with ``points`` needs ``obj_id`` (as the official asserts): an id not tracked yet
+  starts a new object, a tracked one is refined on that frame. ``clear_old_points`` defaults to
+  True as in the official request, so the client sends every click of the object each time.
+- ``bounding_boxes`` (``[x, y, w, h]``, as the official) without ``text`` are **tracker box
+  prompts**, one new object per box (or the box of ``obj_id`` when one box is given, together with
+  its ``points`` if any). This is an extension: the official SAM 3 treats boxes as detector
+  exemplars, which sam3track does not support, so boxes together with text are refused.
+- ``rel_coordinates`` (default True) means points and boxes are fractions of the video's width
+  and height; False means video pixels.
+- ``output_prob_thresh``, ``offload_*``, ``run_gc_collect`` and ``clear_cache_threshold`` are
+  accepted and ignored (the official SAM 3 video model ignores the first; the others manage torch
+  memory).
+- ``propagate_in_video``: ``propagation_direction`` ("both" by default), ``start_frame_index``
+  (default: the earliest prompted frame), ``max_frame_num_to_track`` M: the start frame and up to M
+  more frames in each direction, as the official forward pass counts them.
+- ``remove_object`` returns ``{"frame_index", "outputs"}`` with empty outputs, as the official SAM 3
+  model does; ``reset_session``, ``cancel_propagation`` and ``close_session`` return
+  ``{"is_success": True}``; closing a session twice (or an unknown one) is fine, as official.
+
+Every bad request raises one :class:`RequestError` (or the session's own ``Sam3TrackError``) that
+names the field or value at fault, and is checked before the session changes: the session stays
+usable. A new request on a session ends a propagation of it still suspended (as
+``cancel_propagation`` would).
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from typing import Iterator
+
+import numpy as np
+
+from .errors import ArgumentError, shown
+from .results import FrameResult
+
+__all__ = ["OfficialPredictor", "RequestError", "REQUEST_FIELDS", "STREAM_REQUEST_FIELDS"]
+
+
+class RequestError(ArgumentError):
+    """A request of the official API is malformed: unknown type, missing or bad field, unknown session."""
+
+
+# Every field the official predictor reads, per request type (required ones first, in REQUIRED).
+REQUEST_FIELDS = {
+    "start_session": {"resource_path", "session_id", "offload_video_to_cpu", "offload_state_to_cpu"},
+    "add_prompt": {"session_id", "frame_index", "text", "points", "point_labels", "clear_old_points",
+                   "bounding_boxes", "bounding_box_labels", "clear_old_boxes", "output_prob_thresh", "obj_id",
+                   "rel_coordinates"},
+    "remove_object": {"session_id", "frame_index", "obj_id"},
+    "reset_session": {"session_id"},
+    "cancel_propagation": {"session_id"},
+    "close_session": {"session_id", "run_gc_collect", "clear_cache_threshold"},
+}
+STREAM_REQUEST_FIELDS = {
+    "propagate_in_video": {"session_id", "propagation_direction", "start_frame_index", "max_frame_num_to_track",
+                           "output_prob_thresh"},
+}
+REQUIRED = {
+    "start_session": ("resource_path",),
+    "add_prompt": ("session_id", "frame_index"),
+    "remove_object": ("session_id", "obj_id"),
+    "reset_session": ("session_id",),
+    "cancel_propagation": ("session_id",),
+    "close_session": ("session_id",),
+    "propagate_in_video": ("session_id",),
+}
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
+
+
+def _run_frame(session, frame: int) -> FrameResult:
+    """session.run_frame(frame); sessions without it track that one frame with a one-frame propagate()."""
+    if hasattr(session, "run_frame"):
+        return session.run_frame(frame)
+    frames = session.propagate(direction="forward", start_frame=frame, max_frames=1)
+    try:
+        return next(frames)
+    finally:
+        frames.close()
+
+
+def empty_outputs(height: int, width: int) -> dict:
+    """The official outputs of a frame with no object."""
+    return FrameResult.empty(0, height, width).to_official()
+
+
+class OfficialPredictor:
+    """The official SAM 3 video predictor's request API over a sam3track predictor.
+
+    ``bundle_or_predictor``: a bundle folder (loaded with ``sam3track.load(path, **load_options)``
+    and closed by :meth:`shutdown`) or a loaded :class:`sam3track.Predictor` (left open).
+    """
+
+    def __init__(self, bundle_or_predictor, **load_options):
+        from .predictor import Predictor
+
+        if isinstance(bundle_or_predictor, Predictor):
+            if load_options:
+                raise ArgumentError(f"load options {sorted(load_options)} apply to a bundle path, not to a "
+                                    "predictor that is already loaded")
+            self.predictor, self._owns_predictor = bundle_or_predictor, False
+        else:
+            import sam3track
+
+            self.predictor, self._owns_predictor = sam3track.load(bundle_or_predictor, **load_options), True
+        self._sessions: dict[str, object] = {}
+        self._streams: dict[str, Iterator] = {}  # session id -> its suspended propagate() generator
+
+    # ------------------------------------------------------------------------------ dispatch
+    def handle_request(self, request: dict) -> dict:
+        """Dispatch one request (every type but ``propagate_in_video``), as the official predictor."""
+        kind = self._check_request(request, REQUEST_FIELDS, "handle_request")
+        return getattr(self, f"_{kind}")(request)
+
+    def handle_stream_request(self, request: dict) -> Iterator[dict]:
+        """``propagate_in_video``: a generator of ``{"frame_index", "outputs"}``, one per frame.
+
+        The request is checked here, before the first frame is asked for."""
+        self._check_request(request, STREAM_REQUEST_FIELDS, "handle_stream_request")
+        session_id = request["session_id"]
+        session = self._session(request)
+        direction = request.get("propagation_direction", "both")
+        start = request.get("start_frame_index")
+        limit = request.get("max_frame_num_to_track")
+        if start is not None:
+            self._check_frame(session, start, "propagate_in_video: start_frame_index")
+        if limit is not None and (not _is_int(limit) or limit < 0):
+            raise RequestError(f"propagate_in_video: max_frame_num_to_track must be a whole number >= 0 or None, "
+                               f"not {shown(limit)}")
+        if direction not in ("both", "forward", "backward"):
+            raise RequestError(f"propagate_in_video: invalid propagation_direction {shown(direction)}; one of "
+                               "'both', 'forward', 'backward'")
+        stream = session.propagate(direction=direction, start_frame=start,
+                                   max_frames=None if limit is None else int(limit) + 1)
+        self._streams[session_id] = stream
+        return self._responses(session_id, stream)
+
+    def _check_request(self, request, fields: dict, method: str) -> str:
+        if not isinstance(request, dict):
+            raise RequestError(f"{method}() takes a request dict with a 'type', not {type(request).__name__}")
+        if "type" not in request:
+            raise RequestError(f"request {shown(request)} has no 'type'; one of: {', '.join(fields)}")
+        kind = request["type"]
+        if kind not in fields:
+            other = STREAM_REQUEST_FIELDS if fields is REQUEST_FIELDS else REQUEST_FIELDS
+            hint = (f"; {kind!r} is a request for "
+                    f"{'handle_stream_request' if fields is REQUEST_FIELDS else 'handle_request'}()"
+                    if isinstance(kind, str) and kind in other else "")
+            raise RequestError(f"invalid request type: {shown(kind)} (valid for {method}(): "
+                               f"{', '.join(fields)}){hint}")
+        for name in REQUIRED[kind]:
+            if name not in request:
+                raise RequestError(f"{kind} request needs the field {name!r}")
+        unknown = sorted(set(request) - fields[kind] - {"type"})
+        if unknown:
+            raise RequestError(f"{kind} request has unknown field(s) {', '.join(map(repr, unknown))}; "
+                               f"its fields are: {', '.join(sorted(fields[kind]))}")
+        return kind
+
+    def _session(self, request: dict, end_stream: bool = True):
+        session_id = request["session_id"]
+        session = self._sessions.get(session_id) if isinstance(session_id, str) else None
+        if session is None:
+            raise RequestError(f"Cannot find session {shown(session_id)}; start one with a start_session request "
+                               f"(open sessions: {list(self._sessions)})")
+        if end_stream:
+            self._end_stream(session_id)
+        return session
+
+    def _end_stream(self, session_id: str) -> None:
+        stream = self._streams.pop(session_id, None)
+        if stream is not None:
+            stream.close()
+
+    # ------------------------------------------------------------------------------ requests
+    def _start_session(self, request: dict) -> dict:
+        path, session_id = request["resource_path"], request.get("session_id")
+        if not isinstance(path, (str, os.PathLike)):
+            raise RequestError(f"start_session: resource_path must be the path of a video file or a folder of "
+                               f"frames, not {type(path).__name__}")
+        if session_id is not None and not isinstance(session_id, str):
+            raise RequestError(f"start_session: session_id must be a str, not {type(session_id).__name__}")
+        if session_id in self._sessions:
+            raise RequestError(f"start_session: session {session_id!r} is already open; close it first or "
+                               "leave session_id out for a new one")
+        session_id = session_id or str(uuid.uuid4())
+        self._sessions[session_id] = self.predictor.start_session(path)
+        return {"session_id": session_id}
+
+    def _add_prompt(self, request: dict) -> dict:
+        session = self._session(request)
+        frame = request["frame_index"]
+        self._check_frame(session, frame, "add_prompt: frame_index")
+        text = request.get("text")
+        points, labels = request.get("points"), request.get("point_labels")
+        boxes, box_labels = request.get("bounding_boxes"), request.get("bounding_box_labels")
+        obj_id = request.get("obj_id")
+        if obj_id is not None and (not _is_int(obj_id) or obj_id < 0):
+            raise RequestError(f"add_prompt: obj_id must be a whole number >= 0, not {shown(obj_id)}")
+        rel = request.get("rel_coordinates", True)
+        clear = request.get("clear_old_points", True)
+        for name, flag in (("rel_coordinates", rel), ("clear_old_points", clear)):
+            if not isinstance(flag, (bool, np.bool_)):
+                raise RequestError(f"add_prompt: {name} must be True or False, not {shown(flag)}")
+
+        if text is not None:
+            if points is not None:
+                raise RequestError("add_prompt: give either text or points, not both (as the official predictor: "
+                                   "points refine an object by obj_id, text starts over)")
+            if boxes is not None:
+                raise RequestError("add_prompt: bounding_boxes together with text are detector exemplars in the "
+                                   "official SAM 3; sam3track does not support box exemplars. Send the text "
+                                   "alone, or the boxes alone (tracker box prompts, one object per box)")
+            if not isinstance(text, str) or not text.strip():
+                raise RequestError(f"add_prompt: text must be the words to find, e.g. 'dog', not {shown(text)}")
+            # as the official SAM 3 predictor: a text prompt starts over, then that frame is tracked
+            session.reset()
+            session.add_prompt(frame_index=frame, text=text)
+            return {"frame_index": frame, "outputs": _run_frame(session, frame).to_official()}
+
+        if points is None and boxes is None:
+            raise RequestError("add_prompt needs text, points (with obj_id) or bounding_boxes")
+        h, w = session.source.height, session.source.width
+        box_list = self._boxes(boxes, box_labels, rel, w, h) if boxes is not None else []
+        if points is not None:
+            if obj_id is None:
+                raise RequestError("add_prompt: points need obj_id (as the official predictor): a new id starts a "
+                                   "new object, the id of a tracked object refines it")
+            xy = self._points(points, rel, w, h)
+            if labels is not None:
+                labels = np.asarray(labels).reshape(-1).tolist()
+            if len(box_list) > 1:
+                raise RequestError(f"add_prompt: points go with at most one box (of object {obj_id}); got "
+                                   f"{len(box_list)} bounding_boxes")
+            result = session.add_prompt(frame_index=frame, points=xy, labels=labels,
+                                        boxes=box_list[0] if box_list else None, obj_id=int(obj_id),
+                                        clear_old_points=bool(clear))
+        else:
+            if obj_id is not None and len(box_list) > 1:
+                raise RequestError(f"add_prompt: obj_id {obj_id} names one object, but {len(box_list)} "
+                                   "bounding_boxes would make one object each; send one box per obj_id")
+            for box in box_list:
+                result = session.add_prompt(frame_index=frame, boxes=box,
+                                            obj_id=None if obj_id is None else int(obj_id),
+                                            clear_old_points=bool(clear))
+        return {"frame_index": frame, "outputs": result.to_official()}
+
+    @staticmethod
+    def _check_frame(session, frame, what: str) -> None:
+        n = session.num_frames
+        if not _is_int(frame) or not 0 <= frame < n:
+            raise RequestError(f"{what} {shown(frame)} is out of range: the video has {n} frames (0..{n - 1})")
+
+    @staticmethod
+    def _points(points, rel: bool, w: int, h: int) -> list[list[float]]:
+        try:
+            xy = np.asarray(points, np.float64)
+        except (TypeError, ValueError):
+            xy = None
+        if xy is None or xy.ndim not in (2, 3) or xy.shape[-1] != 2 or (xy.ndim == 3 and xy.shape[0] != 1):
+            raise RequestError(f"add_prompt: points must be [[x, y], ...], not {shown(points)}")
+        xy = xy.reshape(-1, 2)
+        if not np.isfinite(xy).all():
+            raise RequestError(f"add_prompt: points {shown(points)} are not all finite numbers")
+        if rel:
+            if (xy < 0).any() or (xy > 1).any():
+                raise RequestError(f"add_prompt: points {shown(points)} are outside 0..1; with rel_coordinates=True "
+                                   "(the default) they are fractions of the frame; send rel_coordinates=False for "
+                                   "pixels")
+            xy = xy * np.asarray([w, h], np.float64)
+        return xy.tolist()
+
+    @staticmethod
+    def _boxes(boxes, labels, rel: bool, w: int, h: int) -> list[list[float]]:
+        """[x, y, w, h] boxes (fractions of the frame when rel) as [x0, y0, x1, y1] video pixels."""
+        try:
+            xywh = np.asarray(boxes, np.float64)
+        except (TypeError, ValueError):
+            xywh = None
+        if xywh is None or xywh.ndim not in (1, 2) or xywh.shape[-1] != 4 or xywh.size == 0:
+            raise RequestError(f"add_prompt: bounding_boxes must be [[x, y, w, h], ...], not {shown(boxes)}")
+        xywh = xywh.reshape(-1, 4)
+        if not np.isfinite(xywh).all() or (xywh[:, 2:] < 0).any():
+            raise RequestError(f"add_prompt: bounding_boxes {shown(boxes)} need finite numbers and w, h >= 0")
+        if labels is not None:
+            flat = np.asarray(labels).reshape(-1)
+            if flat.shape[0] != xywh.shape[0]:
+                raise RequestError(f"add_prompt: {flat.shape[0]} bounding_box_labels for {xywh.shape[0]} "
+                                   "bounding_boxes")
+            if (flat != 1).any():
+                raise RequestError(f"add_prompt: bounding_box_labels {shown(labels)}: only positive boxes (1) are "
+                                   "supported; negative boxes are detector exemplars in the official SAM 3, which "
+                                   "sam3track does not support")
+        xyxy = np.concatenate([xywh[:, :2], xywh[:, :2] + xywh[:, 2:]], axis=1)
+        if rel:
+            if (xyxy < 0).any() or (xyxy > 1 + 1e-6).any():
+                raise RequestError(f"add_prompt: bounding_boxes {shown(boxes)} reach outside 0..1; with "
+                                   "rel_coordinates=True (the default) they are fractions of the frame")
+            xyxy = xyxy * np.asarray([w, h, w, h], np.float64)
+        return xyxy.tolist()
+
+    def _remove_object(self, request: dict) -> dict:
+        session = self._session(request, end_stream=False)  # allowed between frames of a propagation
+        frame, obj_id = request.get("frame_index", 0), request["obj_id"]
+        self._check_frame(session, frame, "remove_object: frame_index")
+        session.remove_object(obj_id)
+        return {"frame_index": frame, "outputs": empty_outputs(session.source.height, session.source.width)}
+
+    def _reset_session(self, request: dict) -> dict:
+        self._session(request).reset()
+        return {"is_success": True}
+
+    def _cancel_propagation(self, request: dict) -> dict:
+        self._session(request)  # ends its propagation, if any
+        return {"is_success": True}
+
+    def _close_session(self, request: dict) -> dict:
+        session_id = request["session_id"]
+        session = self._sessions.pop(session_id, None) if isinstance(session_id, str) else None
+        if session is not None:
+            self._end_stream(session_id)
+            session.close()
+        return {"is_success": True}
+
+    def _responses(self, session_id: str, stream) -> Iterator[dict]:
+        try:
+            for result in stream:
+                yield {"frame_index": int(result.frame_index), "outputs": result.to_official()}
+        finally:
+            if self._streams.get(session_id) is stream:
+                del self._streams[session_id]
+            stream.close()
+
+    # ----------------------------------------------------------------------------- lifecycle
+    def shutdown(self) -> None:
+        """Close every session, and the predictor when this facade loaded it; idempotent."""
+        for session_id in list(self._sessions):
+            self._close_session({"session_id": session_id})
+        if self._owns_predictor:
+            self.predictor.close()
+
+    close = shutdown
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.shutdown()
