@@ -2,7 +2,8 @@
 
     sam3track track VIDEO --prompt TEXT [--prompt TEXT ...] --bundle DIR [-o OUT.mp4]
                     [--json OUT.json] [--masks-dir DIR] [--start-frame N] [--max-frames N]
-                    [--keep-timestamps]
+                    [--keep-timestamps] [--obj-id ID] [--point FRAME:X,Y[:LABEL] ...]
+                    [--box FRAME:X0,Y0,X1,Y1 ...]
     sam3track demo [-o OUT.mp4] [--max-frames N]
     sam3track info BUNDLE
 
@@ -27,6 +28,7 @@ import sam3track
 from sam3track.commands.common import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_OK, CliError
 from sam3track.commands.demo import DEMO_MAX_FRAMES, cmd_demo, demo_clip
 from sam3track.commands.info import cmd_info
+from sam3track.commands.prompts import BOX_FORM, POINT_FORM, GeometricAction
 from sam3track.commands.track import cmd_track, run_track
 
 __all__ = [
@@ -83,7 +85,7 @@ def build_parser() -> argparse.ArgumentParser:
         "track",
         # --bundle is checked by track itself (to explain how to get one), so argparse would
         # print it as optional; spell the usage out.
-        usage="%(prog)s VIDEO --prompt TEXT [--prompt TEXT ...] --bundle DIR [options]",
+        usage="%(prog)s VIDEO (--prompt TEXT | --point ... | --box ...) ... --bundle DIR [options]",
         help="track text prompts through a video and write a mask video (and JSON / PNG masks)",
         description=(
             "Find every object matching the text prompts and track it through the video. Writes "
@@ -91,13 +93,31 @@ def build_parser() -> argparse.ArgumentParser:
             "as the input frames processed), plus optional JSON and PNG masks. Ctrl-C or "
             "SIGTERM stops early (exit code 130 or 143): the frames done are kept as valid "
             "outputs named <stem>.interrupted<suffix> (and <dir>.interrupted for --masks-dir) "
-            "beside the paths asked for, which only ever hold complete outputs."
+            "beside the paths asked for, which only ever hold complete outputs.\n\n"
+            "Clicks and boxes (video pixels) add or correct objects on given frames: "
+            "--point FRAME:X,Y[:LABEL] (LABEL 1 positive, the default, or 0 negative) and "
+            "--box FRAME:X0,Y0,X1,Y1, both repeatable. --obj-id ID applies to every --point and "
+            "--box after it, up to the next --obj-id. Without an object id, the clicks on one frame "
+            "form one new object and each box is a new object; with one, they add to (or refine) "
+            "object ID on that frame, a new object if ID is not tracked yet. With --prompt too, a "
+            "frame that has clicks for an --obj-id is first tracked with the text, so ID can name an "
+            "object the text finds there (the ids --json shows). Prompts must lie on the frames "
+            "processed; they are applied before tracking starts at --start-frame."
         ),
     )
     track.add_argument("video", type=Path, metavar="VIDEO",
                        help="video file (mp4, mkv, mov, ...) or a folder of images")
-    track.add_argument("--prompt", "-p", action="append", required=True, metavar="TEXT",
-                       help="what to find, e.g. 'person' or 'red car'; repeat for several")
+    track.add_argument("--prompt", "-p", action="append", default=[], metavar="TEXT",
+                       help="what to find, e.g. 'person' or 'red car'; repeat for several (optional when "
+                            "--point or --box is given)")
+    track.add_argument("--point", action=GeometricAction, metavar=POINT_FORM,
+                       help="a click on frame FRAME at (X, Y) video pixels; LABEL 1 positive (default) or 0 "
+                            "negative; repeatable")
+    track.add_argument("--box", action=GeometricAction, metavar=BOX_FORM,
+                       help="a box on frame FRAME, corners in video pixels; repeatable")
+    track.add_argument("--obj-id", type=_int_at_least(0), default=None, metavar="ID",
+                       help="the object the --point / --box options after it belong to (until the next "
+                            "--obj-id); without one, a frame's clicks make one new object, each box another")
     track.add_argument("--bundle", "-b", type=Path, default=None, metavar="DIR",
                        help="exported bundle (required): python -m graphs.export --checkpoint "
                             "SNAPSHOT --out DIR; `sam3track demo` shows the machinery without one")
@@ -127,7 +147,7 @@ def build_parser() -> argparse.ArgumentParser:
     track.add_argument("--set", type=_setting, action="append", default=[], metavar="NAME=VALUE",
                        help="override a threshold or heuristic of the bundle's configuration, e.g. "
                             "--set new_det_thresh=0.6 (names: sam3track/config.py); repeat for several")
-    track.set_defaults(func=cmd_track)
+    track.set_defaults(func=cmd_track, geometric=[], usage_error=track.error)
 
     demo = sub.add_parser(
         "demo",
@@ -173,6 +193,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     try:
         args = parser.parse_args(argv)
+        if args.command == "track" and not args.prompt and not args.geometric:
+            args.usage_error("give at least one --prompt TEXT, --point FRAME:X,Y or --box FRAME:X0,Y0,X1,Y1")
     except SystemExit as e:  # --help, --version, or a usage error (argparse prints it)
         return e.code if isinstance(e.code, int) else (EXIT_OK if e.code is None else EXIT_ERROR)
     return int(args.func(args))

@@ -664,3 +664,126 @@ def test_set_overrides_the_bundle_configuration(tiny_bundle: Path, tmp_path: Pat
     err = capsys.readouterr().err
     assert "unknown configuration options ['no_such']" in err and "Traceback" not in err
     assert not (tmp_path / "x.mp4").exists()
+
+
+# -- clicks and boxes: --point, --box, --obj-id ---------------------------------------------------
+
+
+def test_points_boxes_and_obj_ids_group_into_add_prompt_calls() -> None:
+    from sam3track.cli import build_parser
+    from sam3track.commands.prompts import group_calls
+
+    args = build_parser().parse_args([
+        "track", "v.mp4", "--point", "3:10,20", "--point", "3:30.5,40:0", "--box", "5:1,2,30,40",
+        "--box", "5:3,4,50,60", "--obj-id", "7", "--point", "4:1,1", "--box", "4:0,0,9,9",
+        "--point", "3:2,2", "--obj-id", "2", "--box", "6:0,0,5,5", "--point", "8:1,1:1"])
+    assert args.prompt == []  # optional when clicks or boxes are given
+    assert [str(g) for g in args.geometric][:2] == ["--point 3:10,20", "--point 3:30.5,40:0"]
+    calls = [c.kwargs() for c in group_calls(args.geometric)]
+    assert calls == [
+        # the clicks without an id on frame 3: one new object
+        {"frame_index": 3, "obj_id": None, "points": [[10.0, 20.0], [30.5, 40.0]], "labels": [1, 0]},
+        # each box without an id: a new object
+        {"frame_index": 5, "obj_id": None, "boxes": [1.0, 2.0, 30.0, 40.0]},
+        {"frame_index": 5, "obj_id": None, "boxes": [3.0, 4.0, 50.0, 60.0]},
+        # --obj-id 7 holds until --obj-id 2: its box and clicks on frame 4 go together
+        {"frame_index": 4, "obj_id": 7, "points": [[1.0, 1.0]], "labels": [1], "boxes": [0.0, 0.0, 9.0, 9.0]},
+        {"frame_index": 3, "obj_id": 7, "points": [[2.0, 2.0]], "labels": [1]},
+        {"frame_index": 6, "obj_id": 2, "boxes": [0.0, 0.0, 5.0, 5.0]},
+        {"frame_index": 8, "obj_id": 2, "points": [[1.0, 1.0]], "labels": [1]},
+    ]
+
+
+@pytest.mark.parametrize(("option", "culprit"), [
+    (["--point", "3:10"], "--point 3:10: X,Y"),
+    (["--point", "3"], "--point 3: expected FRAME:X,Y[:LABEL]"),
+    (["--point", "3:10,20:2"], "--point 3:10,20:2: LABEL"),
+    (["--point", "3:10,20:1:0"], "--point 3:10,20:1:0: expected"),
+    (["--point=-1:10,20"], "--point -1:10,20: FRAME"),
+    (["--point", "a:10,20"], "--point a:10,20: FRAME"),
+    (["--point", "3:nan,20"], "--point 3:nan,20: X,Y"),
+    (["--box", "3:10,20,30"], "--box 3:10,20,30: X0,Y0,X1,Y1"),
+    (["--box", "3:30,20,10,40"], "--box 3:30,20,10,40: the box needs X1 > X0"),
+    (["--box", "10,20,30,40"], "--box 10,20,30,40: expected FRAME:X0,Y0,X1,Y1"),
+    (["--obj-id", "-1", "--point", "0:1,1"], "--obj-id"),
+    (["--obj-id", "x", "--point", "0:1,1"], "--obj-id"),
+    ([], "--prompt"),
+], ids=lambda v: " ".join(v) if isinstance(v, list) else None)
+def test_click_option_errors_name_the_option_and_value(option, culprit, capsys) -> None:
+    err = _run_error(["track", str(BIKES), *option], capsys)
+    assert culprit in err and "--help" in err
+
+
+def test_click_errors_that_need_the_video(tmp_path: Path, capsys) -> None:
+    (tmp_path / "bundle").mkdir()
+    common = ["track", str(BIKES), "--bundle", str(tmp_path / "bundle"), "-o", str(tmp_path / "o.mp4")]
+    for option, culprit in [
+        (["--point", "250:10,10"], "--point 250:10,10: frame 250 is outside the frames processed (0..249)"),
+        (["--start-frame", "10", "--max-frames", "5", "--box", "15:1,1,5,5"], "--box 15:1,1,5,5: frame 15"),
+        (["--point", "3:641,10"], "--point 3:641,10: outside the 640x272 frame"),
+        (["--box", "3:0,0,10,300"], "--box 3:0,0,10,300: outside the 640x272 frame"),
+        (["--obj-id", "1", "--box", "3:0,0,10,10", "--box", "3:0,0,20,20"], "already has a box on frame 3"),
+    ]:
+        err = _run_error(common + option, capsys)
+        assert culprit in err, err
+    assert not (tmp_path / "o.mp4").exists()
+
+
+class _ClickSession(_ScriptedSession):
+    """A scripted session that records every prompt and run_frame call."""
+
+    def __init__(self, source, log: list) -> None:
+        super().__init__(source)
+        self.log = log
+
+    def add_prompt(self, frame_index: int = 0, text=None, **clicks):
+        if clicks.get("obj_id") == 99:
+            raise sam3track.PromptError("points outside the frame")
+        self.log.append(("add_prompt", frame_index, text, clicks))
+        self.text = text or ""
+
+    def run_frame(self, frame_index: int):
+        self.log.append(("run_frame", frame_index))
+
+
+def test_clicks_and_boxes_reach_the_session_before_tracking(tmp_path: Path, monkeypatch, capsys) -> None:
+    log: list = []
+
+    class Predictor(_ScriptedPredictor):
+        def start_session(self, source):
+            return _ClickSession(source, log)
+
+    monkeypatch.setattr(sam3track, "load", lambda *a, **k: Predictor())
+    (tmp_path / "bundle").mkdir()
+    common = ["track", str(BIKES), "--bundle", str(tmp_path / "bundle"), "-o", str(tmp_path / "o.mp4"),
+              "--json", str(tmp_path / "o.json"), "--start-frame", "30", "--max-frames", "4"]
+    # clicks alone: no text prompt, no run_frame
+    assert main(common + ["--point", "31:100,50", "--box", "30:10,10,60,90"]) == 0
+    assert log == [("add_prompt", 31, None, {"obj_id": None, "points": [[100.0, 50.0]], "labels": [1]}),
+                   ("add_prompt", 30, None, {"obj_id": None, "boxes": [10.0, 10.0, 60.0, 90.0]})]
+    meta = json.loads((tmp_path / "o.json").read_text())["metadata"]
+    assert meta["prompts"] == [] and [c["option"] for c in meta["clicks_and_boxes"]] == ["--point", "--box"]
+    # with text: the text first; a frame whose clicks name an id is tracked with the text before them
+    log.clear()
+    assert main(common + ["--prompt", "bike", "--point", "32:5,5", "--obj-id", "3", "--point", "32:100,50:0",
+                          "--point", "32:110,50"]) == 0
+    assert log == [("add_prompt", 30, "bike", {}),
+                   ("add_prompt", 32, None, {"obj_id": None, "points": [[5.0, 5.0]], "labels": [1]}),
+                   ("run_frame", 32),
+                   ("add_prompt", 32, None, {"obj_id": 3, "points": [[100.0, 50.0], [110.0, 50.0]],
+                                             "labels": [0, 1]})]
+    # the session's own refusal names the options of the call
+    capsys.readouterr()
+    err = _run_error(common + ["--obj-id", "99", "--point", "31:1,1", "--point", "31:2,2"], capsys)
+    assert "--point 31:1,1, --point 31:2,2: points outside the frame" in err
+
+
+def test_track_with_clicks_only(tiny_bundle: Path, tmp_path: Path) -> None:
+    """A real run from clicks and a box alone (needs Session.add_prompt(points=..., boxes=...))."""
+    doc = tmp_path / "o.json"
+    assert main(["track", str(BIKES), "--bundle", str(tiny_bundle), "-o", str(tmp_path / "o.mp4"),
+                 "--json", str(doc), "--start-frame", "76", "--max-frames", "4",
+                 "--point", "76:300,150", "--obj-id", "5", "--box", "77:100,50,250,200"]) == 0
+    frames = json.loads(doc.read_text())["frames"]
+    assert [f["frame_index"] for f in frames] == [76, 77, 78, 79]
+    assert 5 in {o["object_id"] for f in frames[1:] for o in f["objects"]}

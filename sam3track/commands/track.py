@@ -15,6 +15,7 @@ from tqdm import tqdm
 import sam3track
 from sam3track.commands.common import EXIT_ERROR, EXIT_OK, CliError
 from sam3track.commands.interrupts import InterruptGuard, exit_code_for
+from sam3track.commands.prompts import GeometricOption, check_in_video, group_calls
 from sam3track.commands.outputs import (
     check_masks_dir,
     check_output_file,
@@ -46,10 +47,14 @@ def run_track(
     device: str = "cpu",
     overrides: dict | None = None,
     keep_timestamps: bool = False,
+    geometric: Sequence[GeometricOption] = (),
     stdout: TextIO | None = None,
     stderr: TextIO | None = None,
 ) -> int:
     """Track ``prompts`` through ``video`` and write the outputs; returns the exit code.
+
+    ``geometric``: the --point / --box options (:mod:`sam3track.commands.prompts`), applied with
+    ``session.add_prompt`` after the text prompts and before tracking starts.
 
     User errors (:class:`Sam3TrackError`, and OSError on outputs) are printed as
     ``error: <message>`` and give 2. A Ctrl-C (SIGINT) or SIGTERM gives 128 + the signal number
@@ -63,7 +68,7 @@ def run_track(
             return _track(
                 guard, Path(video), list(prompts), bundle, output, json_path, masks_dir,
                 start_frame, max_frames, backend, device, overrides or {}, keep_timestamps,
-                out, err,
+                list(geometric), out, err,
             )
     except KeyboardInterrupt as e:  # before any output was opened
         print("interrupted before any frame was processed; no outputs written", file=err)
@@ -87,6 +92,7 @@ def _track(
     device: str,
     overrides: dict,
     keep_timestamps: bool,
+    geometric: list[GeometricOption],
     out: TextIO,
     err: TextIO,
 ) -> int:
@@ -99,8 +105,9 @@ def _track(
             "--checkpoint SNAPSHOT --out BUNDLE, or run `sam3track demo` to see the machinery "
             "with random weights"
         )
-    if not prompts:
-        raise CliError("give at least one --prompt TEXT (e.g. --prompt person)")
+    if not prompts and not geometric:
+        raise CliError("give at least one --prompt TEXT (e.g. --prompt person), --point or --box")
+    calls = group_calls(geometric)
     for text in prompts:
         if not text.strip():
             raise CliError("--prompt is empty; give the words to find, e.g. --prompt 'red car'")
@@ -120,6 +127,7 @@ def _track(
                 f"(valid: 0..{n_frames - 1})"
             )
         stop = n_frames if max_frames is None else min(n_frames, start_frame + max_frames)
+        check_in_video(geometric, start_frame, stop, reader.width, reader.height)
 
         # 3. Outputs, checked before any work so a typo doesn't cost a whole run.
         video_out = Path(output) if output is not None else default_output(video)
@@ -170,8 +178,9 @@ def _track(
             with predictor.start_session(reader) as session:  # the session does not close it
                 for text in prompts:
                     session.add_prompt(frame_index=start_frame, text=text)
+                _add_geometric(session, calls, bool(prompts))
                 return _propagate(
-                    guard, session, reader, video, prompts, start_frame, stop, max_frames,
+                    guard, session, reader, video, prompts, geometric, start_frame, stop, max_frames,
                     video_out, json_out, masks_out, bundle_dir, keep_timestamps, out, err,
                 )
         finally:
@@ -180,12 +189,28 @@ def _track(
         reader.close()
 
 
+def _add_geometric(session: Any, calls: list, have_text: bool) -> None:
+    """Apply the --point / --box prompts. With text prompts, a frame whose clicks name an object id
+    is first tracked with the text (the official add_prompt(text) does so), so the id can be one
+    the text finds there. Errors name the options of the call at fault."""
+    text_run: set[int] = set()
+    for call in calls:
+        if have_text and call.obj_id is not None and call.frame_index not in text_run:
+            session.run_frame(call.frame_index)
+            text_run.add(call.frame_index)
+        try:
+            session.add_prompt(**call.kwargs())
+        except Sam3TrackError as e:
+            raise CliError(f"{', '.join(map(str, call.options))}: {e}") from e
+
+
 def _propagate(
     guard: InterruptGuard,
     session: Any,
     reader: Any,
     video: Path,
     prompts: list[str],
+    geometric: list[GeometricOption],
     start: int,
     stop: int,
     max_frames: int | None,
@@ -216,6 +241,7 @@ def _propagate(
             metadata = {
                 "video": str(video),
                 "prompts": prompts,
+                "clicks_and_boxes": [g.to_json() for g in geometric],
                 "bundle": str(bundle_dir),
                 "start_frame": start,
                 "max_frames": max_frames,
@@ -320,5 +346,5 @@ def cmd_track(args: argparse.Namespace) -> int:
         args.video, args.prompt, bundle=args.bundle, output=args.output, json_path=args.json,
         masks_dir=args.masks_dir, start_frame=args.start_frame, max_frames=args.max_frames,
         backend=args.backend, device=args.device, overrides=dict(args.set),
-        keep_timestamps=args.keep_timestamps,
+        keep_timestamps=args.keep_timestamps, geometric=args.geometric,
     )
