@@ -9,8 +9,8 @@ from .conftest import REPO
 NOTEBOOKS = sorted((REPO / "examples" / "notebooks").glob("*.ipynb"))
 
 
-def test_there_are_three_notebooks():
-    assert [p.name[:2] for p in NOTEBOOKS] == ["01", "02", "03"]
+def test_there_are_four_notebooks():
+    assert [p.name[:2] for p in NOTEBOOKS] == ["01", "02", "03", "04"]
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
