@@ -91,17 +91,6 @@ def _is_int(value) -> bool:
     return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
 
 
-def _run_frame(session, frame: int) -> FrameResult:
-    """session.run_frame(frame); sessions without it track that one frame with a one-frame propagate()."""
-    if hasattr(session, "run_frame"):
-        return session.run_frame(frame)
-    frames = session.propagate(direction="forward", start_frame=frame, max_frames=1)
-    try:
-        return next(frames)
-    finally:
-        frames.close()
-
-
 def empty_outputs(height: int, width: int) -> dict:
     """The official outputs of a frame with no object."""
     return FrameResult.empty(0, height, width).to_official()
@@ -239,7 +228,7 @@ class OfficialPredictor:
             # as the official SAM 3 predictor: a text prompt starts over, then that frame is tracked
             session.reset()
             session.add_prompt(frame_index=frame, text=text)
-            return {"frame_index": frame, "outputs": _run_frame(session, frame).to_official()}
+            return {"frame_index": frame, "outputs": session.run_frame(frame).to_official()}
 
         if points is None and boxes is None:
             raise RequestError("add_prompt needs text, points (with obj_id) or bounding_boxes")

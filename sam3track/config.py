@@ -77,6 +77,11 @@ class TrackerConfig:
     # (a static-shape backend compiles them into its graphs): room for this many objects tracked at
     # once, with the typical memories each. A video that needs more raises CapacityError naming it.
     pool_objects: int = 64
+    # A click that refines a text-detected object drops that object's detector-made conditioning frames
+    # (its birth, reconditioned frames) within this many frames of the click, so the frames around the
+    # correction follow it rather than the detection it corrects (Meta's official predictor,
+    # refinement_detector_cond_frame_removal_window). 0 keeps them all.
+    refinement_cond_frame_window: int = 16
 
     def capacities(self) -> dict[str, int]:
         """The fixed sizes of the propagation decoder's bounded axes (an OM bundle compiles these;
@@ -139,7 +144,7 @@ _PROBABILITIES = ("score_threshold_detection", "det_nms_thresh", "assoc_iou_thre
 _WHOLE_NUMBERS = {
     "hotstart_delay": 0, "hotstart_unmatch_thresh": 0, "hotstart_dup_thresh": 0, "fill_hole_area": 0,
     "recondition_every_nth_frame": 0, "retire_unseen_after": 0, "max_conditioning_frames": 0, "max_num_objects": 1,
-    "pool_objects": 1,
+    "pool_objects": 1, "refinement_cond_frame_window": 0,
     "num_maskmem": 1, "max_cond_frame_num": -1, "max_object_pointers_in_encoder": 1, "image_size": 1,
     "text_length": 1, "pad_token_id": 0, "low_res_mask_size": 1, "feature_grid": 1, "hidden_dim": 1,
     "memory_dim": 1, "num_queries": 1, "init_trk_keep_alive": None, "max_trk_keep_alive": None,

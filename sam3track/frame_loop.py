@@ -6,6 +6,11 @@
 3. planning: every heuristic decided on host masks and scores, nothing mutated (planning.py);
 4. execution: memory encoding, births (mask_init), removals, the registry updated from the plan;
 5. outputs: low-resolution masks per visible object (post-processing is the session's).
+
+User-prompted objects (clicks, boxes, refinements) go through the same propagation call, but the
+planning phase only manages the text-detected ones: user objects keep the tracker's own output and
+memory (as transformers' Sam3TrackerVideoModel) and only block births over them. A prompt call
+(`apply_clicks`) runs the interactive decoder for the prompted objects and the tracker for the others.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ import numpy as np
 from . import mask_ops
 from .backends import Backend, DeviceTensor
 from .call_sizes import chunks, fixed_size, pad_rows
+from .errors import CapacityError
 from .memory_bank import MemoryBank, MemoryEntry
 from .objects import ObjectRegistry
 from .planning import Detections, FramePlan, plan_frame
@@ -43,9 +49,25 @@ class FrameOutput:
 
 @dataclass
 class Propagation:
+    obj_ids: list[int]
     raw: np.ndarray  # [N, L, L] the tracker's logits (what a conditioning frame keeps)
     masks: np.ndarray  # [N, L, L] after hole filling (what planning reads)
     scores: np.ndarray  # [N] object score logits
+
+    def take(self, obj_ids: list[int]) -> "Propagation":
+        rows = [self.obj_ids.index(o) for o in obj_ids]
+        return Propagation(list(obj_ids), self.raw[rows], self.masks[rows], self.scores[rows])
+
+
+@dataclass
+class ClickRequest:
+    """One object's clicks and box on a frame, ready for the interactive decoder."""
+
+    obj_id: int
+    coords: np.ndarray  # float32 [P, 2], model-input pixels
+    labels: np.ndarray  # int32 [P]
+    use_memory: bool  # refine with the object's memory (a frame it was tracked on), else start afresh
+    multimask: bool
 
 
 class FrameLoop:
@@ -87,8 +109,7 @@ class FrameLoop:
         probs, boxes = np.concatenate(probs), np.concatenate(boxes)
         size = cfg.low_res_mask_size
         if not any(c.size for c in candidates):
-            return Detections(np.zeros((0, size, size), np.float32), np.zeros(0, np.float32),
-                              np.zeros((0, 4), np.float32), np.zeros(0, np.int64))
+            return Detections.none(size)
         all_masks = np.concatenate(masks_of)
         masks, scores, box_list, prompt_ids = [], [], [], []
         start = 0
@@ -143,7 +164,8 @@ class FrameLoop:
                 scores[fresh[chunk.items]] = b.to_host(b.rows(out["object_score_logits"], 0, chunk.count))[:, 0]
             for i, obj_id, row in zip(fresh, ids, rows):
                 bank.add(obj_id, frame, MemoryEntry(int(row), float(scores[i]), low_res_mask=raw[i]), cond=False)
-        return Propagation(raw, self._fill_holes(raw), scores)
+                self.objects[obj_id].tracked_frames.add(frame)
+        return Propagation(list(obj_ids), raw, self._fill_holes(raw), scores)
 
     def _fill_holes(self, masks: np.ndarray) -> np.ndarray:
         if not self.config.fill_holes or masks.shape[0] == 0:
@@ -152,7 +174,9 @@ class FrameLoop:
 
     # --------------------------------------------------------------------------- 4. execution
     def encode_memory(self, features, obj_ids: list[int], frame: int, logits: np.ndarray, scores: np.ndarray,
-                      binarize: bool) -> None:
+                      binarize: bool, via_image: bool = False) -> None:
+        """via_image: the tracker's own rule (Sam3TrackerVideoModel), the mask taken through the image
+        size as its high-resolution masks are; else Sam3VideoModel's, straight from the low-res logits."""
         n = len(obj_ids)
         if n == 0:
             return
@@ -168,6 +192,7 @@ class FrameLoop:
                 "mask_logits": pad_rows(logits[chunk.items], chunk.size),
                 "object_score_logits": pad_rows(scores[chunk.items], chunk.size),
                 "binarize": np.full((chunk.size,), float(binarize), np.float32),
+                "via_image": np.full((chunk.size,), float(via_image), np.float32),
             }, {"maskmem_features": target})
             pool.commit(chunk_rows, target)
         self.bank.set_memory_rows(obj_ids, frame, rows)
@@ -192,13 +217,20 @@ class FrameLoop:
             bank.add(obj_id, frame, MemoryEntry(int(row), float(scores[i]), low_res_mask=low_res[i]), cond=True)
         return binary, scores
 
-    def execute(self, features, plan: FramePlan, det: Detections, tracked: Propagation, frame: int) -> None:
-        """Apply the plan: memories of this frame, births, the registry's bookkeeping, removals."""
+    def execute(self, features, plan: FramePlan, det: Detections, tracked: Propagation, user: Propagation,
+                frame: int) -> None:
+        """Apply the plan: memories of this frame, births, the registry's bookkeeping, removals.
+        `tracked` holds the objects the plan manages, `user` the user-prompted ones."""
         objects, bank, quirks = self.objects, self.bank, self.config.match_reference_quirks
-        old_ids = objects.obj_ids
+        old_ids = tracked.obj_ids
         for obj_id in plan.reconditioned_obj_ids:
             bank.promote_to_cond(obj_id, frame)
         self.encode_memory(features, old_ids, frame, plan.memory_masks, plan.memory_scores, binarize=False)
+        # User-prompted objects keep the tracker's own memory: its raw output, through the image size;
+        # a frame that is one of their conditioning frames keeps the memory made there.
+        fresh = [i for i, o in enumerate(user.obj_ids) if not bank.has_cond(o, frame)]
+        self.encode_memory(features, [user.obj_ids[i] for i in fresh], frame, user.raw[fresh], user.scores[fresh],
+                           binarize=False, via_image=True)
         if plan.new_obj_ids:
             new_binary, new_scores = self.add_objects(features, plan.new_obj_ids, det.masks[plan.new_det_inds], frame)
             # The reference re-encodes every tracked object's memory of a frame with births from its
@@ -223,13 +255,87 @@ class FrameLoop:
     def step(self, features, det: Detections, frame: int, reverse: bool, streaming: bool,
              num_frames: int | None) -> FrameOutput:
         objects = self.objects
-        old_ids = objects.obj_ids
+        managed = objects.detector_view()
+        old_ids = managed.obj_ids
+        user_ids = [o for o in objects.obj_ids if objects[o].interactive]
         old_prompts = {o: objects[o].prompt for o in old_ids}
         old_scores = {o: objects[o].score for o in old_ids}
-        tracked = self.propagate(features, frame, reverse, num_frames)
-        plan = plan_frame(frame, reverse, streaming, det, tracked.masks, tracked.scores, objects, self.config)
-        self.execute(features, plan, det, tracked, frame)
-        return self._output(plan, det, tracked, frame, old_ids, old_prompts, old_scores)
+        everything = self.propagate(features, frame, reverse, num_frames)
+        tracked, user = everything.take(old_ids), everything.take(user_ids)
+        plan = plan_frame(frame, reverse, streaming, det, tracked.masks, tracked.scores, managed, self.config,
+                          user_masks=user.raw)
+        self.execute(features, plan, det, tracked, user, frame)
+        out = self._output(plan, det, tracked, frame, old_ids, old_prompts, old_scores)
+        self._show_user_objects(out, user)
+        return out
+
+    def _show_user_objects(self, out: FrameOutput, user: Propagation) -> None:
+        """User-prompted objects are shown as the tracker outputs them (no hole filling, no heuristics)."""
+        for obj_id, raw, p in zip(user.obj_ids, user.raw, _sigmoid(user.scores)):
+            obj = self.objects[obj_id]
+            out.masks[obj_id], out.scores[obj_id] = raw, obj.score
+            out.tracker_scores[obj_id], out.prompts[obj_id] = float(p), obj.prompt
+
+    # ------------------------------------------------------------------------- clicks and boxes
+    def apply_clicks(self, features, frame: int, requests: list[ClickRequest], num_frames: int | None) -> FrameOutput:
+        """A prompt call (transformers `Sam3TrackerVideoModel.forward` on a frame with new inputs): the
+        prompted objects through the interactive decoder, stored as conditioning frames; every other
+        object on the frame is propagated (or its conditioning output reused); then the memories of
+        all newly computed outputs, binarised as the reference does when any of them came from points.
+        The objects of `requests` must be in the registry."""
+        b, bank, graph = self.backend, self.bank, self.graphs["interactive_decoder"]
+        size = self.config.low_res_mask_size
+        for count in sorted({len(r.labels) for r in requests}):
+            group = [r for r in requests if len(r.labels) == count]
+            ids = [r.obj_id for r in group]
+            if b.plan(graph, "points", count) != count:  # a padding point would change the result
+                raise CapacityError(f"a prompt of {count} points (box corners included) on frame {frame}: the "
+                                    f"interactive_decoder was not compiled for {count} points; convert the bundle "
+                                    "with --gears points=... including that count")
+            afresh = frozenset(r.obj_id for r in group if not r.use_memory)
+            query = bank.query(ids, frame, False, num_frames, exclude_frame=True, empty=afresh)
+            where = f"frame {frame}"
+            k = fixed_size(b, graph, "memories", query.memories, where, "lower max_cond_frame_num")
+            p = fixed_size(b, graph, "pointers", query.pointers, where, "lower max_conditioning_frames")
+            coords = np.stack([r.coords for r in group]).astype(np.float32)
+            labels = np.stack([r.labels for r in group]).astype(np.int32)
+            use_memory = np.asarray([r.use_memory for r in group], np.float32)
+            multimask = np.asarray([r.multimask for r in group], np.float32)
+            rows = bank.pointers.allocate(len(ids))
+            raw = np.zeros((len(ids), size, size), np.float32)
+            scores = np.zeros(len(ids), np.float32)
+            for chunk in chunks(b, graph, "objects", len(ids)):
+                inputs = {name: features[name] for name in ("tracker_feat_s0", "tracker_feat_s1", "tracker_feat")}
+                inputs.update(memory_pool=bank.memories.tensor, pointer_pool=bank.pointers.tensor)
+                inputs.update(vars(query.padded(chunk.start, chunk.count, chunk.size, k, p)))
+                inputs.update(use_memory=pad_rows(use_memory[chunk.items], chunk.size),
+                              point_coords=pad_rows(coords[chunk.items], chunk.size),
+                              point_labels=pad_rows(labels[chunk.items], chunk.size),
+                              multimask=pad_rows(multimask[chunk.items], chunk.size))
+                chunk_rows = rows[chunk.items]
+                target = bank.pointers.target(chunk_rows, chunk.size)
+                out = b.run(graph, inputs, {"object_pointer": target})
+                bank.pointers.commit(chunk_rows, target)
+                raw[chunk.items] = b.to_host(b.rows(out["low_res_masks"], 0, chunk.count))[:, 0]
+                scores[chunk.items] = b.to_host(b.rows(out["object_score_logits"], 0, chunk.count))[:, 0]
+            for i, (obj_id, row) in enumerate(zip(ids, rows)):
+                bank.add(obj_id, frame, MemoryEntry(int(row), float(scores[i]), low_res_mask=raw[i], user=True),
+                         cond=True)
+        prompted = [r.obj_id for r in requests]
+        # The other objects: conditioning outputs reused, the rest tracked with their memory. The
+        # prompted objects now have a conditioning output here, so they are reused as they are.
+        before = {o for o in self.objects.obj_ids if bank.has_cond(o, frame)} - set(prompted)
+        everything = self.propagate(features, frame, False, num_frames)
+        encode = [o for o in everything.obj_ids if o not in before]
+        rows = [everything.obj_ids.index(o) for o in encode]
+        self.encode_memory(features, encode, frame, everything.raw[rows], everything.scores[rows], binarize=True,
+                           via_image=True)
+        out = FrameOutput(frame, {}, {}, {}, {}, set())
+        for obj_id, raw, p in zip(everything.obj_ids, everything.raw, _sigmoid(everything.scores)):
+            obj = self.objects[obj_id]
+            out.masks[obj_id], out.scores[obj_id] = raw, obj.score
+            out.tracker_scores[obj_id], out.prompts[obj_id] = float(p), obj.prompt
+        return out
 
     # ----------------------------------------------------------------------------------- 5. outputs
     def _output(self, plan: FramePlan, det: Detections, tracked: Propagation, frame: int, old_ids: list[int],

@@ -133,6 +133,7 @@ class MemoryEntry:
     object_score: float  # object score logit of that frame's output
     memory_row: int | None = None  # filled once the memory encoder has run for that frame
     low_res_mask: np.ndarray | None = None  # host copy, reused when a conditioning frame is revisited
+    user: bool = False  # a conditioning frame made by the user's clicks or box (not by the detector)
 
 
 @dataclass
@@ -239,6 +240,17 @@ class MemoryBank:
                 self.memories.release([entry.memory_row])
             entry.memory_row = int(row)
 
+    def drop_detector_conditioning(self, obj_id: int, frame: int, window: int) -> list[int]:
+        """Forget the detector-made conditioning frames of an object within `window` frames of a user
+        correction on `frame` (the correction replaces what they said); returns the frames dropped."""
+        mem = self.objects.get(obj_id)
+        if mem is None or window <= 0:
+            return []
+        dropped = [t for t, e in mem.cond.items() if not e.user and t != frame and abs(t - frame) < window]
+        for t in dropped:
+            self._release(mem.cond.pop(t))
+        return dropped
+
     def remove_object(self, obj_id: int) -> None:
         mem = self.objects.pop(obj_id, None)
         if mem is not None:
@@ -263,8 +275,13 @@ class MemoryBank:
         entry.memory_row = entry.pointer_row = None
 
     # ------------------------------------------------------------------------------- reading
-    def query(self, obj_ids: list[int], frame: int, reverse: bool, num_frames: int | None) -> MemoryQuery:
-        per_object = [self._select(o, frame, reverse, num_frames) for o in obj_ids]
+    def query(self, obj_ids: list[int], frame: int, reverse: bool, num_frames: int | None,
+              exclude_frame: bool = False, empty: frozenset = frozenset()) -> MemoryQuery:
+        """Padded indices of what each object attends to on `frame`. exclude_frame: leave out the
+        object's own entry of `frame` (a click refining that frame replaces it); objects in `empty`
+        (or not in the bank yet) get padding only."""
+        per_object = [([], []) if o in empty or o not in self.objects
+                      else self._select(o, frame, reverse, num_frames, exclude_frame) for o in obj_ids]
         n = len(obj_ids)
         k = max(1, max(len(m) for m, _ in per_object))
         p = max(1, max(len(q) for _, q in per_object))
@@ -281,9 +298,12 @@ class MemoryBank:
         limit = self.config.max_object_pointers_in_encoder
         return limit if num_frames is None else min(num_frames, limit)
 
-    def _select(self, obj_id: int, frame: int, reverse: bool, num_frames: int | None):
+    def _select(self, obj_id: int, frame: int, reverse: bool, num_frames: int | None, exclude_frame: bool = False):
         cfg = self.config
         mem = self.objects[obj_id]
+        if exclude_frame:
+            mem = ObjectMemory({t: e for t, e in mem.cond.items() if t != frame},
+                               {t: e for t, e in mem.non_cond.items() if t != frame})
         last_slot = cfg.num_maskmem - 1  # the reference indexes temporal encodings with offset-1; 0 -> -1
         selected, unselected = select_closest_cond_frames(frame, mem.cond, cfg.max_cond_frame_num)
         memories = [(t, e.memory_row, last_slot) for t, e in selected.items()]

@@ -15,6 +15,38 @@ NEVER_OCCLUDED = -1
 ALWAYS_OCCLUDED = 2**62
 
 
+class FrameSpans:
+    """A set of frame indices kept as sorted [first, last] runs: tracking visits frames in order, so a
+    long video or stream costs a few runs, not one entry per frame."""
+
+    def __init__(self):
+        self.runs: list[list[int]] = []
+
+    def add(self, frame: int) -> None:
+        for i, run in enumerate(self.runs):
+            if run[0] - 1 <= frame <= run[1] + 1:
+                run[0], run[1] = min(run[0], frame), max(run[1], frame)
+                nxt = self.runs[i + 1] if i + 1 < len(self.runs) else None
+                if nxt is not None and nxt[0] <= run[1] + 1:  # two runs joined
+                    run[1] = max(run[1], nxt[1])
+                    del self.runs[i + 1]
+                prev = self.runs[i - 1] if i else None
+                if prev is not None and run[0] <= prev[1] + 1:
+                    prev[1] = max(prev[1], run[1])
+                    del self.runs[i]
+                return
+            if frame < run[0]:
+                self.runs.insert(i, [frame, frame])
+                return
+        self.runs.append([frame, frame])
+
+    def __contains__(self, frame: int) -> bool:
+        return any(a <= frame <= b for a, b in self.runs)
+
+    def __repr__(self) -> str:
+        return f"FrameSpans({self.runs})"
+
+
 @dataclass
 class TrackedObject:
     """Everything the heuristics know about one tracked object."""
@@ -29,12 +61,20 @@ class TrackedObject:
     duplicate_of: dict[int, int] = field(default_factory=dict)
     last_occluded: int | None = None  # obj_id_to_last_occluded; None until its first planning phase
     last_visible: int = -1  # last frame its mask was non-empty (retirement of long-unseen objects)
+    # Prompted by the user (clicked, boxed, or a detected object refined by a click): tracked by the
+    # tracker's own rules (transformers Sam3TrackerVideoModel), never removed, suppressed or
+    # reconditioned by the detector's heuristics.
+    interactive: bool = False
+    # frames the tracker has propagated it on (frames_tracked_per_obj): a click there refines the
+    # object with its memory; a click on any other frame starts it afresh on that frame
+    tracked_frames: FrameSpans = field(default_factory=FrameSpans)
 
 
 @dataclass
 class ObjectRegistry:
     objects: dict[int, TrackedObject] = field(default_factory=dict)  # live ids in tracker (batch) order
     max_obj_id: int = -1  # ids are never reused, even after removal
+    dropped: set[int] = field(default_factory=set)  # ids removed so far (a user may not give them again)
 
     @property
     def obj_ids(self) -> list[int]:
@@ -58,7 +98,13 @@ class ObjectRegistry:
 
     def drop(self, obj_id: int) -> None:
         """Forget an object. Duplicate counts that others hold against it stay, frozen, as in the reference."""
-        self.objects.pop(obj_id, None)
+        if self.objects.pop(obj_id, None) is not None:
+            self.dropped.add(obj_id)
+
+    def detector_view(self) -> "ObjectRegistry":
+        """The objects the detector's heuristics manage (not interactive), sharing the id counter."""
+        return ObjectRegistry({o: obj for o, obj in self.objects.items() if not obj.interactive}, self.max_obj_id,
+                              self.dropped)
 
     def prompt_of(self, obj_id: int, default: int = -1) -> int:
         obj = self.objects.get(obj_id)

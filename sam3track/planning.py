@@ -31,6 +31,11 @@ class Detections:
     def __len__(self) -> int:
         return int(self.scores.shape[0])
 
+    @classmethod
+    def none(cls, mask_size: int) -> "Detections":
+        return cls(np.zeros((0, mask_size, mask_size), np.float32), np.zeros(0, np.float32),
+                   np.zeros((0, 4), np.float32), np.zeros(0, np.int64))
+
 
 @dataclass
 class ObjectUpdate:
@@ -60,14 +65,23 @@ class FramePlan:
 
 
 def plan_frame(frame: int, reverse: bool, streaming: bool, det: Detections, track_masks: np.ndarray,
-               track_scores: np.ndarray, objects: ObjectRegistry, config) -> FramePlan:
+               track_scores: np.ndarray, objects: ObjectRegistry, config,
+               user_masks: np.ndarray | None = None) -> FramePlan:
+    """`objects` are the objects the heuristics manage; `user_masks` [U, L, L] the logits of this frame's
+    user-prompted objects, which the heuristics never touch but which block births over them."""
     obj_ids = objects.obj_ids
     trk_prompts = np.asarray([objects[o].prompt for o in obj_ids], np.int64)
     assoc = associate(det.masks, det.scores, det.prompt_ids, track_masks, obj_ids, trk_prompts, config)
 
     new_inds = assoc.new_det_inds
-    if len(obj_ids) + len(new_inds) > config.max_num_objects:  # keep the best-scoring new detections
-        keep = config.max_num_objects - len(obj_ids)
+    num_user = 0 if user_masks is None else user_masks.shape[0]
+    if num_user and new_inds:
+        # A detection overlapping a user-prompted object, whatever its prompt, is that object: no
+        # duplicate is born (the same IoU rule that stops births over tracked objects of its prompt).
+        overlap = mask_ops.mask_iou(det.masks[new_inds] > 0, user_masks > 0).max(axis=1)
+        new_inds = [d for d, iou in zip(new_inds, overlap) if iou < config.assoc_iou_thresh]
+    if num_user + len(obj_ids) + len(new_inds) > config.max_num_objects:  # keep the best-scoring new detections
+        keep = config.max_num_objects - len(obj_ids) - num_user
         order = np.argsort(-det.scores[new_inds], kind="stable")[:max(keep, 0)]
         new_inds = [new_inds[i] for i in order]
     new_ids = objects.new_ids(len(new_inds))

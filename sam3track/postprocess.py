@@ -68,10 +68,12 @@ def masks_to_boxes(masks: np.ndarray) -> np.ndarray:
 
 
 def objectwise_non_overlap(masks: np.ndarray, scores: np.ndarray, prompt_ids: list[int]) -> np.ndarray:
-    """Each pixel goes to the object with the highest tracker score among its prompt's objects."""
+    """Each pixel goes to the object with the highest tracker score among its prompt's objects.
+    User-prompted objects (prompt -1) are left as the tracker gives them, as the reference's tracker
+    post-processing does (apply_non_overlapping_constraints=False)."""
     out = masks.copy()
     prompts = np.asarray(prompt_ids)
-    for p in np.unique(prompts):
+    for p in np.unique(prompts[prompts >= 0]):
         idx = np.flatnonzero(prompts == p)
         vals = np.where(masks[idx], scores[idx, None, None].astype(np.float32), np.float32(0))
         winner = vals.argmax(axis=0)

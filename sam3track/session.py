@@ -11,9 +11,11 @@ from .errors import (ArgumentError, FrameIndexError, ObjectIdError, PromptError,
                      SessionClosedError, VideoError, shown)
 from .backends import DeviceTensor
 from .call_sizes import chunks, fixed_size, pad_rows
-from .frame_loop import FrameLoop, FrameOutput
+from .frame_loop import ClickRequest, FrameLoop, FrameOutput
+from .interactive import ClickBook, parse_clicks, use_multimask
 from .memory_bank import MemoryBank
-from .objects import ObjectRegistry
+from .objects import ObjectRegistry, TrackedObject
+from .planning import Detections
 from .postprocess import build_result, to_pixel_values
 from .results import FrameResult
 
@@ -68,6 +70,8 @@ class Session:
         self._held: list[FrameOutput] = []  # outputs held back by that generator
         self.closed = False
         self.objects = ObjectRegistry()
+        self.clicks = ClickBook()  # every object's clicks and boxes, per frame
+        self._clicked = None  # (frame, tracker head) of the frame the user is clicking on
         self.bank = MemoryBank(self.backend, self.config, *self._pool_rows(predictor))
         self.loop = FrameLoop(self.backend, predictor.graphs, self.config, self.bank, self.objects)
         self.stream_index = 0
@@ -94,6 +98,7 @@ class Session:
             return
         self.closed = True
         self._held = []
+        self._free_click_features()
         self.bank.close()
         if self._text_pool is not None and not self.backend.closed:
             self.backend.free(self._text_pool)
@@ -127,20 +132,40 @@ class Session:
         return self.frames.get(index)
 
     # ------------------------------------------------------------------------------- prompts
-    def add_prompt(self, frame_index: int = 0, text: str | None = None, points=None, boxes=None) -> int:
-        """Add a text prompt, found on every frame as in the reference; returns its prompt index.
+    def add_prompt(self, frame_index: int = 0, text: str | None = None, points=None, labels=None, boxes=None,
+                   obj_id: int | None = None, clear_old_points: bool = False):
+        """Add a text prompt, or clicks and a box for one object.
 
-        `frame_index` is the frame the prompt is given on: `propagate()` without `start_frame`
-        starts at the earliest of them, as the reference does."""
+        Text (`text=`): found on every frame as in the reference; returns its prompt index.
+        `frame_index` is the frame it is given on: `propagate()` without `start_frame` starts at the
+        earliest prompted frame, as the reference does.
+
+        Clicks and a box (`points=[[x, y], ...]`, `labels=[1, 0, ...]` (1 on the object, 0 not on it;
+        default all 1), `boxes=[x0, y0, x1, y1]`, in video pixels) on frame `frame_index`:
+        - `obj_id` None or an id not tracked: a new object (None takes the next free id);
+        - the id of a tracked object (text-detected or clicked): refines it on that frame; the result
+          becomes a conditioning memory that later frames follow. Clicks add to that object's earlier
+          clicks on the frame (as the reference's processor does); `clear_old_points=True` starts over.
+        Returns that frame's FrameResult right away (every object on it), as the official predictor
+        does. User-prompted objects are tracked by the tracker's own rules and never removed by the
+        detector's heuristics.
+        """
         self._check_open()
-        if points is not None or boxes is not None:
-            raise PromptError("point and box prompts are not supported yet; give text=")
+        if points is None and boxes is None and labels is None:
+            return self._add_text(frame_index, text)
+        if text is not None:
+            raise PromptError("give either text= or points/boxes in one add_prompt call, not both; add the text "
+                              "prompt with a separate call")
+        return self._add_clicks(frame_index, points, labels, boxes, obj_id, clear_old_points)
+
+    def _add_text(self, frame_index, text) -> int:
         if self.source is not None:
             self._check_frame(frame_index)
         elif not _is_int(frame_index) or frame_index < 0:
             raise FrameIndexError(f"frame index {frame_index!r} must be a whole number >= 0")
         if text is None:
-            raise PromptError("add_prompt needs text=, e.g. session.add_prompt(frame_index=0, text='person')")
+            raise PromptError("add_prompt needs text=, points= or boxes=, e.g. session.add_prompt(frame_index=0, "
+                              "text='person')")
         if not isinstance(text, str):
             raise PromptError(f"prompt {shown(text)} is of type {type(text).__name__}; give the words as a str, "
                               "e.g. text='red car'")
@@ -155,6 +180,100 @@ class Session:
         self.prompts.append(text)
         self._prompt_frames.append(int(frame_index))
         return len(self.prompts) - 1
+
+    def _add_clicks(self, frame_index, points, labels, boxes, obj_id, clear_old) -> FrameResult:
+        self._check_idle("add_prompt() with clicks or a box was called")
+        if self.source is None:
+            raise VideoError("clicks and boxes need a video session (start_session(video)): a live stream keeps no "
+                             "frames to prompt on")
+        self._check_frame(frame_index)
+        where = f"add_prompt on frame {frame_index}"
+        h, w = self.source.height, self.source.width
+        click = parse_clicks(points, labels, boxes, h, w, where)
+        if not isinstance(clear_old, bool):
+            raise ArgumentError(f"{where}: clear_old_points must be True or False, not {shown(clear_old)}")
+        objects = self.objects
+        if obj_id is None:
+            obj_id = objects.max_obj_id + 1
+        elif not _is_int(obj_id) or obj_id < 0:
+            raise ObjectIdError(f"{where}: obj_id {shown(obj_id)} must be a whole number >= 0 (or None for a new "
+                                "object)")
+        elif obj_id in objects.dropped:
+            raise ObjectIdError(f"{where}: object {obj_id} was removed from this session and ids are never reused; "
+                                f"give a new id (e.g. {objects.max_obj_id + 1}) or obj_id=None")
+        obj_id = int(obj_id)
+        new = obj_id not in objects
+        if new and len(objects) >= self.config.max_num_objects:
+            raise PromptError(f"{where}: a new object {obj_id} would exceed max_num_objects="
+                              f"{self.config.max_num_objects}; remove an object first or load with a larger "
+                              "max_num_objects")
+        merged = self.clicks.merged(obj_id, frame_index, click, clear_old, where)
+        # everything is checked: from here on the session changes
+        if new:
+            objects.add(TrackedObject(obj_id=obj_id, prompt=-1, first_frame=frame_index, score=1.0,
+                                      keep_alive=self.config.init_trk_keep_alive, last_visible=frame_index,
+                                      interactive=True))
+        obj = objects[obj_id]
+        if not obj.interactive:  # a text-detected object refined by the user: its detections yield
+            self.bank.drop_detector_conditioning(obj_id, frame_index, self.config.refinement_cond_frame_window)
+        obj.interactive, obj.score = True, 1.0  # the official predictor scores user-prompted objects 1.0
+        self.clicks.store(obj_id, frame_index, merged)
+        is_init = frame_index not in obj.tracked_frames
+        request = ClickRequest(obj_id, merged.model_coords(self.config.image_size, h, w), merged.labels,
+                               use_memory=not is_init, multimask=use_multimask(self.config, is_init, len(merged)))
+        out = self.loop.apply_clicks(self._click_features(frame_index), frame_index, [request], self.num_frames)
+        return self._result(out, h, w)
+
+    TRACKER_HEAD = ("tracker_feat_s0", "tracker_feat_s1", "tracker_feat")
+
+    def _click_features(self, frame_index: int) -> dict[str, DeviceTensor]:
+        """The tracker head of the frame being clicked on, kept on the device while the user clicks on
+        that frame (one backbone call for a series of clicks; a graph's outputs are only valid until its
+        next run, so they are copied into buffers the session owns)."""
+        if self._clicked is not None and self._clicked[0] == frame_index:
+            return self._clicked[1]
+        self._free_click_features()
+        b = self.backend
+        out = self.loop.encode_frame(to_pixel_values(self.frames.get(frame_index), self.config))
+        kept = {}
+        for name in self.TRACKER_HEAD:
+            kept[name] = b.empty(tuple(out[name].shape), out[name].dtype)
+            b.copy(out[name], kept[name])
+        self._clicked = (frame_index, kept)
+        return kept
+
+    def _free_click_features(self) -> None:
+        if self._clicked is not None and not self.backend.closed:
+            for tensor in self._clicked[1].values():
+                self.backend.free(tensor)
+        self._clicked = None
+
+    def remove_prompt(self, text: str) -> None:
+        """Stop looking for a text prompt: the objects it found go too, unless the user prompted them
+        (refined by a click), which stay as user-prompted objects."""
+        self._check_open()
+        self._check_idle("remove_prompt() was called")
+        key = text.strip() if isinstance(text, str) else text
+        if key not in self.prompts:
+            raise PromptError(f"prompt {shown(text)} is not in this session (prompts: {self.prompts})")
+        k = self.prompts.index(key)
+        for obj_id in self.objects.obj_ids:
+            obj = self.objects[obj_id]
+            if obj.prompt == k and not obj.interactive:
+                self._forget_object(obj_id)
+            elif obj.prompt >= k:  # indices shift down; a refined object of this prompt keeps no prompt
+                obj.prompt = -1 if obj.prompt == k else obj.prompt - 1
+        kept = [(t, f) for i, (t, f) in enumerate(zip(self.prompts, self._prompt_frames)) if i != k]
+        self._clear_text()
+        for t, f in kept:
+            self._add_text(f, t)
+
+    def _clear_text(self) -> None:
+        if self._text_pool is not None:
+            self.backend.free(self._text_pool)
+        self._text_pool = None
+        self._text_mask = np.zeros((0, self.config.text_length), np.int32)
+        self.prompts, self._prompt_frames = [], []
 
     def _encode_text(self, text: str) -> tuple[DeviceTensor, np.ndarray]:
         """One prompt's text features [1, T, D] on the device and its attention mask [1, T]."""
@@ -192,10 +311,14 @@ class Session:
             raise FrameIndexError(f"{what} {index!r} is out of range: the video has {n} frames (0..{n - 1})")
 
     def _run_frame(self, index: int, rgb: np.ndarray, reverse: bool, streaming: bool, num_frames) -> FrameOutput:
-        if not self.prompts:
-            raise PromptError("no prompt in this session; call session.add_prompt(text=...) first")
+        if not self.prompts and not len(self.objects):
+            raise PromptError("no prompt in this session; call session.add_prompt(text=...) or add clicks or a box "
+                              "first")
         features = self.loop.encode_frame(to_pixel_values(rgb, self.config))
-        det = self.loop.detect(features, self._text_pool, self._text_mask, len(self.prompts))
+        if self.prompts:
+            det = self.loop.detect(features, self._text_pool, self._text_mask, len(self.prompts))
+        else:  # clicks and boxes only: the tracker alone
+            det = Detections.none(self.config.low_res_mask_size)
         out = self.loop.step(features, det, index, reverse, streaming, num_frames)
         self.bank.evict(index, reverse, streaming)
         return out
@@ -220,7 +343,7 @@ class Session:
             raise ArgumentError(f"direction must be one of {', '.join(map(repr, DIRECTIONS))}, not {shown(direction)}")
         n = self.num_frames
         if start_frame is None:
-            first_prompted = min(self._prompt_frames, default=0)
+            first_prompted = min(self._prompt_frames + sorted(self.clicks.frames()), default=0)
             start_frame = first_prompted if direction != "backward" else max(first_prompted, n - 1)
         self._check_frame(start_frame, "start_frame")
         if max_frames is not None and (not _is_int(max_frames) or max_frames < 1):
@@ -237,6 +360,7 @@ class Session:
 
     def _propagate(self, passes, both: bool, start_frame: int) -> Iterator[FrameResult]:
         self._check_idle("propagate() was called again")
+        self._free_click_features()
         token = object()
         self._running = token
         if both:  # the backward pass reads what the forward pass wrote next to start_frame
@@ -253,7 +377,9 @@ class Session:
                 self.bank.pinned_frames.clear()
 
     def _propagate_pass(self, order: range, reverse: bool) -> Iterator[FrameResult]:
-        delay = self.config.hotstart_delay
+        # Held back for the hotstart rules, which only remove text-detected objects; the tracker alone
+        # (clicks and boxes only) yields each frame at once, as the reference's tracker does.
+        delay = self.config.hotstart_delay if self.prompts else 0
         h, w = self.source.height, self.source.width
         last = order[-1] if len(order) else None
         self._held = []
@@ -273,6 +399,19 @@ class Session:
             for item in ready:
                 yield self._result(item, h, w)
                 self._check_open()
+
+    def run_frame(self, frame_index: int) -> FrameResult:
+        """Track one frame now with every prompt and return its result, without hold-back (what the
+        official predictor's add_prompt(text) returns). The state changes as in a propagate() over
+        that one frame: objects can be born there."""
+        self._check_open()
+        self._check_idle("run_frame() was called")
+        if self.source is None:
+            raise VideoError("this session has no video (live stream); feed frames with session.track(frame)")
+        self._check_frame(frame_index)
+        out = self._run_frame(frame_index, self.frames.get(frame_index), reverse=False, streaming=False,
+                              num_frames=self.num_frames)
+        return self._result(out, self.source.height, self.source.width)
 
     def track(self, frame: np.ndarray) -> FrameResult:
         """Streaming: one RGB frame in, its result out, immediately.
@@ -306,21 +445,29 @@ class Session:
     def remove_object(self, obj_id: int) -> None:
         """Stop tracking an object; its id is never reused. Allowed between frames of a propagate()."""
         self._check_open()
-        if obj_id not in self.objects:
+        if not _is_int(obj_id) or obj_id not in self.objects:
             raise ObjectIdError(f"object {shown(obj_id)} is not tracked in this session "
                                 f"(tracked: {self.objects.obj_ids})")
-        self.objects.drop(obj_id)
-        self.bank.remove_object(obj_id)
+        self._forget_object(obj_id)
         for out in self._held:
             out.suppressed.add(obj_id)
 
+    def _forget_object(self, obj_id: int) -> None:
+        self.objects.drop(obj_id)
+        self.bank.remove_object(obj_id)
+        self.clicks.drop(obj_id)
+
     def reset(self) -> None:
-        """Forget every object and memory; prompts and the video stay."""
+        """Start over on the same video: forget every object, memory and prompt (text, clicks and
+        boxes), as the official predictor's reset_session does."""
         self._check_open()
         self._check_idle("reset() was called")
         self.bank.clear()
         self.objects = ObjectRegistry()
         self.loop.objects = self.objects
+        self.clicks.clear()
+        self._free_click_features()
+        self._clear_text()
         self.stream_index = 0
         self._stream_size = None
 

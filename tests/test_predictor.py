@@ -166,8 +166,11 @@ def test_remove_reset_close(predictor, frames):
     survivor_rows = sum(len(h["spatial_memory"]) for h in s.bank.summary().values())
     assert rows_before == survivor_rows  # the removed object's rows went back to the pool
     s.reset()
-    assert s.object_ids == [] and s.bank.summary() == {}
-    again = list(s.propagate(max_frames=30))  # prompts survive a reset; objects are found again
+    assert s.object_ids == [] and s.bank.summary() == {} and s.prompts == []  # reset clears prompts too
+    with pytest.raises(sam3track.PromptError, match="no prompt"):
+        next(s.propagate(max_frames=1))
+    s.add_prompt(text="bike")
+    again = list(s.propagate(max_frames=30))  # the same prompt again finds the same objects
     assert [len(r) for r in again] == [len(r) for r in first]
     s.close()
     s.close()  # idempotent
