@@ -152,7 +152,7 @@ class FrameLoop:
 
     # --------------------------------------------------------------------------- 4. execution
     def encode_memory(self, features, obj_ids: list[int], frame: int, logits: np.ndarray, scores: np.ndarray,
-                      binarize: bool) -> None:
+                      binarize: bool, via_image: bool = False) -> None:
         n = len(obj_ids)
         if n == 0:
             return
@@ -168,6 +168,7 @@ class FrameLoop:
                 "mask_logits": pad_rows(logits[chunk.items], chunk.size),
                 "object_score_logits": pad_rows(scores[chunk.items], chunk.size),
                 "binarize": np.full((chunk.size,), float(binarize), np.float32),
+                "via_image": np.full((chunk.size,), float(via_image), np.float32),
             }, {"maskmem_features": target})
             pool.commit(chunk_rows, target)
         self.bank.set_memory_rows(obj_ids, frame, rows)
