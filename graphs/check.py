@@ -249,48 +249,44 @@ class Checker:
             self.compare("grounding_head", f"K={count}", ["pred_logits", "presence_logits", "pred_boxes", "pred_masks"],
                          got, ref)
 
-    def check_propagation_decoder(self):
+    def memory_case(self, n, k, p, trk_feats, trk_pos):
+        """Pools and padded indices for n objects with up to k memories and p pointers (object 0 uses
+        every slot), and for each object a function giving its memory-conditioned pixel features the
+        reference's way (tv: _prepare_memory_conditioned_features, one object with batch 1)."""
         torch = self.torch
         trk = self.model.tracker_model
         cfg = trk.config
         d = self.dims
-        trk_feats, trk_pos, head = self.tracker_frame()
         hw = d.grid * d.grid
-        k_max = cfg.max_cond_frame_num + cfg.num_maskmem - 1
-        # The most pointers the runtime ever gathers: every kept conditioning frame (not only the
-        # max_cond_frame_num selected for spatial memory) plus the non-conditioning window.
-        p_max = cfg.max_object_pointers_in_encoder - 1 + max_pointer_conditioning_frames()
         mem_pos = trk.memory_encoder.position_encoding((1, d.memory_channels, d.grid, d.grid), "cpu", torch.float32)
         mem_pos = mem_pos.flatten(2).permute(2, 0, 1)  # (HW, 1, Cm), as the reference stores maskmem_pos_enc
-        cases = [(n, k, min(2 * k - 1, p_max)) for n in (1, 3, 8) for k in range(1, k_max + 1)]
-        cases += [(3, k_max, p_max)]
-        for n, k, p in cases:
-            counts_k = torch.randint(1, k + 1, (n,), generator=self.gen)
-            counts_p = torch.randint(1, p + 1, (n,), generator=self.gen)
-            counts_k[0], counts_p[0] = k, p
-            pool = torch.randn(n * k, hw, d.memory_channels, generator=self.gen).to(torch.bfloat16).float()
-            ptr_pool = torch.randn(n * p, d.channels, generator=self.gen)
-            order_k, order_p = torch.randperm(n * k, generator=self.gen), torch.randperm(n * p, generator=self.gen)
-            mem_index = np.zeros((n, k), np.int64)
-            mem_slot = np.zeros((n, k), np.int64)
-            mem_valid = np.zeros((n, k), bool)
-            ptr_index = np.zeros((n, p), np.int64)
-            ptr_offset = np.zeros((n, p), np.float32)
-            ptr_valid = np.zeros((n, p), bool)
-            max_ptr = cfg.max_object_pointers_in_encoder
-            refs = []
-            for i in range(n):
-                ki, pi = int(counts_k[i]), int(counts_p[i])
-                rows = order_k[i * k:i * k + ki]
-                slots = torch.randint(0, cfg.num_maskmem, (ki,), generator=self.gen)
-                slots[0] = cfg.num_maskmem - 1  # a conditioning frame
-                offsets = torch.randint(-(max_ptr - 1), max_ptr, (pi,), generator=self.gen).tolist()
-                offsets[0] = 0
-                prow = order_p[i * p:i * p + pi]
-                mem_index[i, :ki], mem_slot[i, :ki], mem_valid[i, :ki] = rows.numpy(), slots.numpy(), True
-                ptr_index[i, :pi], ptr_valid[i, :pi] = prow.numpy(), True
-                ptr_offset[i, :pi] = np.asarray(offsets, np.float32) / (max_ptr - 1)
-                # --- the reference, one object with batch 1 (tv: _prepare_memory_conditioned_features)
+        counts_k = torch.randint(1, k + 1, (n,), generator=self.gen)
+        counts_p = torch.randint(1, p + 1, (n,), generator=self.gen)
+        counts_k[0], counts_p[0] = k, p
+        pool = torch.randn(n * k, hw, d.memory_channels, generator=self.gen).to(torch.bfloat16).float()
+        ptr_pool = torch.randn(n * p, d.channels, generator=self.gen)
+        order_k, order_p = torch.randperm(n * k, generator=self.gen), torch.randperm(n * p, generator=self.gen)
+        mem_index = np.zeros((n, k), np.int64)
+        mem_slot = np.zeros((n, k), np.int64)
+        mem_valid = np.zeros((n, k), bool)
+        ptr_index = np.zeros((n, p), np.int64)
+        ptr_offset = np.zeros((n, p), np.float32)
+        ptr_valid = np.zeros((n, p), bool)
+        max_ptr = cfg.max_object_pointers_in_encoder
+        conditioned = []
+        for i in range(n):
+            ki, pi = int(counts_k[i]), int(counts_p[i])
+            rows = order_k[i * k:i * k + ki]
+            slots = torch.randint(0, cfg.num_maskmem, (ki,), generator=self.gen)
+            slots[0] = cfg.num_maskmem - 1  # a conditioning frame
+            offsets = torch.randint(-(max_ptr - 1), max_ptr, (pi,), generator=self.gen).tolist()
+            offsets[0] = 0
+            prow = order_p[i * p:i * p + pi]
+            mem_index[i, :ki], mem_slot[i, :ki], mem_valid[i, :ki] = rows.numpy(), slots.numpy(), True
+            ptr_index[i, :pi], ptr_valid[i, :pi] = prow.numpy(), True
+            ptr_offset[i, :pi] = np.asarray(offsets, np.float32) / (max_ptr - 1)
+
+            def reference(rows=rows, slots=slots, offsets=offsets, prow=prow):
                 memories = [pool[r][:, None] for r in rows]
                 # slot s holds temporal offset s+1; the reference indexes encodings with offset-1 (-1 for 0)
                 positions = [mem_pos + trk.memory_temporal_positional_encoding[int(s)] for s in slots]
@@ -302,20 +298,113 @@ class Checker:
                     current_vision_features=trk_feats[-1], memory=memory,
                     current_vision_position_embeddings=trk_pos[-1], memory_posision_embeddings=memory_pos,
                     num_object_pointer_tokens=pointers.shape[0])
-                pix = fused.squeeze(1).transpose(1, 2).view(1, d.channels, d.grid, d.grid)
-                high_res = [torch.from_numpy(head[0]), torch.from_numpy(head[1])]
-                out = trk._single_frame_forward(image_embeddings=high_res + [pix],
+                return fused.squeeze(1).transpose(1, 2).view(1, d.channels, d.grid, d.grid)
+
+            conditioned.append(reference)
+        feeds = dict(memory_pool=pool.numpy(), memory_index=mem_index, memory_slot=mem_slot, memory_valid=mem_valid,
+                     pointer_pool=ptr_pool.numpy(), pointer_index=ptr_index, pointer_offset=ptr_offset,
+                     pointer_valid=ptr_valid)
+        return feeds, conditioned
+
+    def memory_capacities(self):
+        """The largest memories K and pointers P the runtime gathers for one object."""
+        cfg = self.model.tracker_model.config
+        k_max = cfg.max_cond_frame_num + cfg.num_maskmem - 1
+        # The most pointers the runtime ever gathers: every kept conditioning frame (not only the
+        # max_cond_frame_num selected for spatial memory) plus the non-conditioning window.
+        p_max = cfg.max_object_pointers_in_encoder - 1 + max_pointer_conditioning_frames()
+        return k_max, p_max
+
+    def check_propagation_decoder(self):
+        torch = self.torch
+        trk = self.model.tracker_model
+        d = self.dims
+        trk_feats, trk_pos, head = self.tracker_frame()
+        k_max, p_max = self.memory_capacities()
+        cases = [(n, k, min(2 * k - 1, p_max)) for n in (1, 3, 8) for k in range(1, k_max + 1)]
+        cases += [(3, k_max, p_max)]
+        high_res = [torch.from_numpy(head[0]), torch.from_numpy(head[1])]
+        for n, k, p in cases:
+            feeds, conditioned = self.memory_case(n, k, p, trk_feats, trk_pos)
+            refs = []
+            for i in range(n):
+                out = trk._single_frame_forward(image_embeddings=high_res + [conditioned[i]()],
                                                 multimask_output=trk._use_multimask(False, None))
                 refs.append([out.pred_masks.reshape(1, 1, d.mask_size, d.mask_size), out.iou_scores.reshape(1, -1),
                              out.object_score_logits.reshape(1, 1), out.object_pointer.reshape(1, -1)])
-            feeds = dict(tracker_feat_s0=head[0], tracker_feat_s1=head[1], tracker_feat=head[2],
-                         memory_pool=pool.numpy(), memory_index=mem_index, memory_slot=mem_slot,
-                         memory_valid=mem_valid, pointer_pool=ptr_pool.numpy(), pointer_index=ptr_index,
-                         pointer_offset=ptr_offset, pointer_valid=ptr_valid)
+            feeds.update(tracker_feat_s0=head[0], tracker_feat_s1=head[1], tracker_feat=head[2])
             got = self.run("propagation_decoder", feeds)
             ref = [torch.cat([r[j] for r in refs]).numpy() for j in range(4)]
             self.compare("propagation_decoder", f"N={n} K={k} P={p}",
                          ["low_res_masks", "iou_scores", "object_score_logits", "object_pointer"], got, ref)
+
+    # The point prompts the interactive decoder is checked with: labels in the order the reference's
+    # processor builds them (box corners 2 / 3 first, then clicks 1 positive / 0 negative).
+    POINT_PROMPTS = {"click": [1], "clicks": [1, 0, 1, 0, 1], "box": [2, 3], "box+clicks": [2, 3, 1, 0]}
+
+    def random_points(self, labels):
+        """Coordinates [P, 2] in model-input pixels for one object's labels: corners of a real box (x0 <=
+        x1, y0 <= y1) for labels 2 / 3, anywhere in the image for clicks."""
+        torch, s = self.torch, self.dims.image_size
+        coords = torch.rand(len(labels), 2, generator=self.gen) * (s - 1)
+        if labels[:2] == [2, 3]:
+            coords[:2] = torch.sort(coords[:2], dim=0).values
+        return coords
+
+    def interactive_reference(self, pix, high_res, coords, labels, multimask):
+        """transformers' SAM head for one object with points (tv: _single_frame_forward, batch 1)."""
+        torch = self.torch
+        trk = self.model.tracker_model
+        return trk._single_frame_forward(
+            input_points=coords[None, None], input_labels=torch.tensor(labels, dtype=torch.int32)[None, None],
+            image_embeddings=high_res + [pix], multimask_output=bool(multimask))
+
+    def check_interactive_decoder(self):
+        """Clicks and boxes per row: with use_memory=1 the one-object memory-conditioned reference (as
+        for the propagation decoder); with use_memory=0 the current features + no_memory_embedding (an
+        initial conditioning frame), whose memory inputs are all padding here. multimask 1 and 0 in every
+        call; M = num_multimask_outputs columns of iou_scores, a single-mask row's one score in each."""
+        torch = self.torch
+        trk = self.model.tracker_model
+        d = self.dims
+        trk_feats, trk_pos, head = self.tracker_frame()
+        high_res = [torch.from_numpy(head[0]), torch.from_numpy(head[1])]
+        fresh = (trk_feats[-1] + trk.no_memory_embedding).permute(1, 2, 0).view(1, d.channels, d.grid, d.grid)
+        k_max, p_max = self.memory_capacities()
+        combos = [(1, 1), (0, 0), (1, 0), (0, 1)]  # (use_memory, multimask)
+        cases = []
+        for j, (prompt, labels) in enumerate(self.POINT_PROMPTS.items()):
+            cases.append((prompt, labels, [combos[j]], 2, 3))  # one object: each combination once over the prompts
+            cases.append((prompt, labels, [combos[(j + i) % 4] for i in range(4)], 3, 5))
+        cases.append(("box+clicks", self.POINT_PROMPTS["box+clicks"], combos * 2, k_max, p_max))
+        names = ["low_res_masks", "iou_scores", "object_score_logits", "object_pointer"]
+        m = d.num_multimask_outputs
+        for prompt, labels, rows, k, p in cases:
+            n = len(rows)
+            feeds, conditioned = self.memory_case(n, k, p, trk_feats, trk_pos)
+            use_memory = np.array([u for u, _ in rows], bool)
+            multimask = np.array([mm for _, mm in rows], bool)
+            for i in np.flatnonzero(~use_memory):  # rows without memory: nothing but padding
+                feeds["memory_valid"][i] = False
+                feeds["pointer_valid"][i] = False
+                feeds["memory_index"][i] = 0
+                feeds["pointer_index"][i] = 0
+            coords = torch.stack([self.random_points(labels) for _ in range(n)])
+            refs = []
+            for i in range(n):
+                pix = conditioned[i]() if use_memory[i] else fresh
+                out = self.interactive_reference(pix, high_res, coords[i], labels, multimask[i])
+                iou = out.iou_scores.reshape(1, -1).expand(1, m)  # single-mask: one score in every column
+                refs.append([out.pred_masks.reshape(1, 1, d.mask_size, d.mask_size), iou,
+                             out.object_score_logits.reshape(1, 1), out.object_pointer.reshape(1, -1)])
+            feeds.update(tracker_feat_s0=head[0], tracker_feat_s1=head[1], tracker_feat=head[2],
+                         use_memory=use_memory, point_coords=coords.numpy(),
+                         point_labels=np.tile(np.asarray(labels, np.int64), (n, 1)), multimask=multimask)
+            got = self.run("interactive_decoder", feeds)
+            ref = [torch.cat([r[j] for r in refs]).numpy() for j in range(4)]
+            flags = ",".join(f"{int(u)}{int(mm)}" for u, mm in rows)
+            # flags: use_memory and multimask of each row, e.g. "10,01" = row 0 memory + single mask, ...
+            self.compare("interactive_decoder", f"{prompt} N={n} K={k} P={p} {flags}", names, got, ref)
 
     def check_memory_encoder(self):
         torch, trk, d = self.torch, self.model.tracker_model, self.dims
@@ -330,11 +419,45 @@ class Checker:
                     masks = torch.nn.functional.interpolate(logits, size=(d.image_size, d.image_size),
                                                             mode="bilinear", align_corners=False)
                 ref, _ = trk._encode_new_memory(feats, masks, scores[:, :, None], is_mask_from_pts=binarize)
-                got = self.run("memory_encoder", dict(tracker_feat=head[2], mask_logits=logits.numpy(),
-                                                      object_score_logits=scores.numpy(),
-                                                      binarize=np.full((n,), binarize)))
-                self.compare("memory_encoder", f"N={n} binarize={binarize}", ["maskmem_features"], got,
-                             [ref.float().permute(1, 0, 2).numpy()], bf16_outputs=("maskmem_features",))
+                # via_image changes nothing where binarize is set: that path always goes via the image size
+                for via_image in (False, True) if binarize else (False,):
+                    got = self.run("memory_encoder", dict(tracker_feat=head[2], mask_logits=logits.numpy(),
+                                                          object_score_logits=scores.numpy(),
+                                                          binarize=np.full((n,), binarize),
+                                                          via_image=np.full((n,), via_image)))
+                    self.compare("memory_encoder", f"N={n} binarize={binarize:d} via_image={via_image:d}",
+                                 ["maskmem_features"], got, [ref.float().permute(1, 0, 2).numpy()],
+                                 bf16_outputs=("maskmem_features",))
+        self._check_memory_encoder_via_image(trk_feats, head)
+
+    def _check_memory_encoder_via_image(self, trk_feats, head):
+        """via_image=1: the low-res logits of the tracker's SAM head with points, against
+        ``_encode_new_memory`` fed with the reference's own high_res_masks (the logits upsampled to the
+        image size); the last object is absent (its masks NO_OBJ_SCORE, its score negative)."""
+        from .modules import NO_OBJ_SCORE
+
+        torch, trk, d = self.torch, self.model.tracker_model, self.dims
+        high_res = [torch.from_numpy(head[0]), torch.from_numpy(head[1])]
+        fresh = (trk_feats[-1] + trk.no_memory_embedding).permute(1, 2, 0).view(1, d.channels, d.grid, d.grid)
+        for n in (1, 3):
+            low, high, scores = [], [], []
+            for i in range(n):
+                labels = list(self.POINT_PROMPTS.values())[i % len(self.POINT_PROMPTS)]
+                out = self.interactive_reference(fresh, high_res, self.random_points(labels), labels, i % 2 == 0)
+                low.append(out.pred_masks.reshape(1, 1, d.mask_size, d.mask_size))
+                high.append(out.high_res_masks.reshape(1, 1, d.image_size, d.image_size))
+                scores.append(out.object_score_logits.reshape(1, 1))
+            if n > 1:
+                low[-1], high[-1] = torch.full_like(low[-1], NO_OBJ_SCORE), torch.full_like(high[-1], NO_OBJ_SCORE)
+                scores[-1] = -scores[-1].abs() - 1
+            low, high, scores = torch.cat(low), torch.cat(high), torch.cat(scores)
+            ref, _ = trk._encode_new_memory(trk_feats[-1].expand(-1, n, -1), high, scores[:, :, None],
+                                            is_mask_from_pts=False)
+            got = self.run("memory_encoder", dict(tracker_feat=head[2], mask_logits=low.numpy(),
+                                                  object_score_logits=scores.numpy(), binarize=np.zeros(n, bool),
+                                                  via_image=np.ones(n, bool)))
+            self.compare("memory_encoder", f"N={n} high_res_masks via_image=1", ["maskmem_features"], got,
+                         [ref.float().permute(1, 0, 2).numpy()], bf16_outputs=("maskmem_features",))
 
     def _tie_free_logits(self, n):
         """Mask logits for the thresholding path whose resized values stay clear of 0.

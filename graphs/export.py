@@ -25,11 +25,14 @@ from sam3track.bundle import file_sha256
 
 from .checkpoint import CheckpointError, load_model, load_tokenizer, validate_checkpoint, weights_sha256
 
-FORMAT_VERSION = 2  # 2: int32 ids and indices, float32 flags (no int64 or bool inputs)
+# 2: int32 ids and indices, float32 flags (no int64 or bool inputs); 3: interactive_decoder (clicks and
+# boxes), memory_encoder's via_image input, the tracker's multimask settings in config.tracker
+FORMAT_VERSION = 3
 OPSET = 17
-GRAPHS = ("text_encoder", "backbone", "grounding_head", "propagation_decoder", "memory_encoder", "mask_init")
-# Sizes used while tracing: 2 everywhere, so no axis is mistaken for a broadcastable 1.
-TRACE_SIZES = dict(prompts=2, images=2, objects=2, memories=2, pointers=2, memory_rows=4, pointer_rows=4)
+GRAPHS = ("text_encoder", "backbone", "grounding_head", "propagation_decoder", "interactive_decoder", "memory_encoder",
+          "mask_init")
+# Sizes used while tracing: 2 or more everywhere, so no axis is mistaken for a broadcastable 1.
+TRACE_SIZES = dict(prompts=2, images=2, objects=2, memories=2, pointers=2, memory_rows=4, pointer_rows=4, points=3)
 EXTERNAL_DATA_THRESHOLD = 1_800_000_000  # protobuf caps one file at 2 GiB
 
 
@@ -176,6 +179,12 @@ def _model_config(model, dims) -> dict:
             "feature_grid": dims.grid,
             "low_res_mask_size": dims.mask_size,
             "num_multimask_outputs": dims.num_masks,
+            # when the SAM head gives 3 masks and keeps the best (transformers _use_multimask): the
+            # runtime sets interactive_decoder's multimask flag from these
+            "multimask_output_in_sam": trk.multimask_output_in_sam,
+            "multimask_output_for_tracking": trk.multimask_output_for_tracking,
+            "multimask_min_pt_num": trk.multimask_min_pt_num,
+            "multimask_max_pt_num": trk.multimask_max_pt_num,
         },
         "detector": {"num_queries": dims.num_queries, "text_width": dims.text_width},
     }

@@ -10,6 +10,8 @@ Boundaries follow the predictor that calls them (see ``sam3track/frame_loop.py``
 - ``propagation_decoder``: once per frame for all N tracked objects. Memory lives in device pools owned by
   the runtime's memory bank; the graph gathers each object's entries by index and masks padding, so
   objects with fewer entries give exactly what a one-object call gives.
+- ``interactive_decoder``: clicks and boxes, once per prompted frame for the objects given points there
+  (memory attention where the object was tracked on that frame, then the SAM head with the points).
 - ``memory_encoder``: once per frame (twice on frames that add objects, as the reference does).
 - ``mask_init``: turns new objects' detection masks into the tracker's first output (object pointer).
 
@@ -49,35 +51,59 @@ def resize_antialiased(x: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
     return _resize_matrix(in_h, size[0]) @ x @ _resize_matrix(in_w, size[1]).t()
 
 
-def sam_head(trk, pix_feat, high_res, multimask: bool, mask_prompt=None):
-    """The tracker's SAM prompt encoder + mask decoder for a batch of objects, one object per row.
+def sam_decode(trk, pix_feat, high_res, points, labels, multimask: bool, mask_prompt=None):
+    """The tracker's SAM prompt encoder + mask decoder for a batch of objects, one prompt per object.
 
-    Mirrors ``Sam3TrackerVideoModel._single_frame_forward`` with no points, whose best-mask selection
-    indexes with broadcast batch indices and is only correct for batch 1.
-    Returns low_res_masks [N, 1, L, L], iou_scores [N, M], object_score_logits [N, 1], pointer [N, C].
+    points [N, 1, P, 2] (model-input pixels) and labels [N, 1, P] int32; the prompt encoder appends its
+    (0, 0) / -1 pad point itself, as ``_single_frame_forward`` without boxes has it do. Masks of objects
+    whose score says absent are filled with NO_OBJ_SCORE, as the reference does before any selection.
+    Returns masks [N, M, L, L], iou [N, M], mask tokens [N, M, C], object_score_logits [N, 1] with
+    M = 3 for multimask output, else 1 (the decoder's dynamic_multimask_via_stability applied).
     """
     n = pix_feat.shape[0]
     image_pos = trk.get_image_wide_positional_embeddings().expand(n, -1, -1, -1)
-    points = torch.zeros(n, 1, 1, 2, dtype=pix_feat.dtype)
-    labels = -torch.ones(n, 1, 1, dtype=torch.int32)
     sparse, dense = trk.prompt_encoder(input_points=points, input_labels=labels, input_boxes=None,
                                        input_masks=mask_prompt)
     masks, iou, tokens, scores = trk.mask_decoder(
         image_embeddings=pix_feat, image_positional_embeddings=image_pos, sparse_prompt_embeddings=sparse,
         dense_prompt_embeddings=dense, multimask_output=multimask, high_resolution_features=high_res)
     masks, iou, tokens, scores = masks[:, 0], iou[:, 0], tokens[:, 0], scores[:, 0]  # one prompt per object
-    appearing = scores > 0  # [N, 1]
-    masks = torch.where(appearing[:, :, None, None], masks, torch.full((), NO_OBJ_SCORE))
+    masks = torch.where((scores > 0)[:, :, None, None], masks, torch.full((), NO_OBJ_SCORE))
+    return masks, iou, tokens, scores
+
+
+def best_of(masks, iou, tokens):
+    """Per row, the mask [N, 1, L, L] and token [N, C] of the highest predicted IoU.
+
+    ``_single_frame_forward`` indexes with broadcast batch indices, which is only correct for batch 1;
+    this is its per-row meaning.
+    """
+    best = torch.argmax(iou, dim=-1)  # [N]
+    rows = torch.arange(masks.shape[0])
+    return masks[rows, best][:, None], tokens[rows, best]
+
+
+def object_pointer(trk, token, scores):
+    """The object pointer of a SAM output token [N, C]; absent objects get the no-object pointer."""
+    pointer = trk.object_pointer_proj(token)
+    visible = (scores > 0).to(pointer.dtype)
+    return visible * pointer + (1 - visible) * trk.no_object_pointer
+
+
+def sam_head(trk, pix_feat, high_res, multimask: bool, mask_prompt=None):
+    """The SAM head with no points, as ``Sam3TrackerVideoModel._single_frame_forward`` runs it for
+    tracked frames (a -1 point only). Returns low_res_masks [N, 1, L, L], iou_scores [N, M],
+    object_score_logits [N, 1], pointer [N, C].
+    """
+    n = pix_feat.shape[0]
+    points = torch.zeros(n, 1, 1, 2, dtype=pix_feat.dtype)
+    labels = -torch.ones(n, 1, 1, dtype=torch.int32)
+    masks, iou, tokens, scores = sam_decode(trk, pix_feat, high_res, points, labels, multimask, mask_prompt)
     if multimask:
-        best = torch.argmax(iou, dim=-1)  # [N]
-        rows = torch.arange(n)
-        low_res, token = masks[rows, best][:, None], tokens[rows, best]
+        low_res, token = best_of(masks, iou, tokens)
     else:
         low_res, token = masks[:, :1], tokens[:, 0]
-    pointer = trk.object_pointer_proj(token)
-    visible = appearing.to(pointer.dtype)
-    pointer = visible * pointer + (1 - visible) * trk.no_object_pointer
-    return low_res, iou, scores, pointer
+    return low_res, iou, scores, object_pointer(trk, token, scores)
 
 
 # ----------------------------------------------------------------------------------------------- text
@@ -167,20 +193,11 @@ def _attend(q, k, v, bias=None, scale=1.0):
     return torch.matmul(torch.softmax(logits, dim=-1), v)
 
 
-class PropagationDecoder(nn.Module):
-    """Memory attention + SAM mask decoder for N objects in one call.
-
-    Inputs (N objects, K memory frames, P object pointers, all padded; *_valid marks real entries):
-      tracker_feat_s0/_s1/tracker_feat [1, C*, H*, W*]: the current frame's tracker head.
-      memory_pool [Sm, HW, Cm]: spatial memories (stored bf16-rounded, as the reference stores them).
-      memory_index [N, K] int32: rows of memory_pool for each object.
-      memory_slot [N, K] int32: temporal slot of each memory (index into the temporal encodings; the
-        reference uses slot num_maskmem-1 for conditioning frames and t-1 for a frame t steps away).
-      memory_valid [N, K] float32: 1 for real entries, 0 for padding.
-      pointer_pool [Sp, C]: object pointers. pointer_index [N, P] int32, pointer_valid [N, P] float32.
-      pointer_offset [N, P] float32: signed frame distance divided by (max pointers used - 1).
-    Outputs: low_res_masks [N, 1, L, L], iou_scores [N, M], object_score_logits [N, 1],
-      object_pointer [N, C].
+class MemoryConditioning(nn.Module):
+    """The tracker's memory attention for N objects in one call (``_prepare_memory_conditioned_features``
+    batched): each object's memories and pointers are gathered from device pools by index and padding
+    is masked, so an object with fewer entries gets what a one-object call gives. Shared by the
+    propagation and interactive decoders.
     """
 
     def __init__(self, model):
@@ -196,7 +213,6 @@ class PropagationDecoder(nn.Module):
         self.vision_pos = neck.position_encoding((1, self.c, h, w), "cpu", torch.float32).flatten(2)[0].t()
         mem_pos = trk.memory_encoder.position_encoding((1, self.mem_dim, h, w), "cpu", torch.float32)
         self.memory_pos = mem_pos.flatten(2)[0].t()  # [HW, Cm], identical for every memory
-        self.multimask = trk._use_multimask(False, None)
         self.temporal_pointer_pe = trk.config.enable_temporal_pos_encoding_for_object_pointers
 
     def _pointer_tokens(self, pointers, offsets):
@@ -248,8 +264,9 @@ class PropagationDecoder(nn.Module):
         out = _attend(q, k, v, bias, module.scaling)
         return module.o_proj(out.transpose(1, 2).reshape(n, -1, heads * head_dim))
 
-    def forward(self, tracker_feat_s0, tracker_feat_s1, tracker_feat, memory_pool, memory_index, memory_slot,
-                memory_valid, pointer_pool, pointer_index, pointer_offset, pointer_valid):
+    def condition(self, tracker_feat, memory_pool, memory_index, memory_slot, memory_valid, pointer_pool,
+                  pointer_index, pointer_offset, pointer_valid):
+        """Memory-conditioned pixel features [N, C, H, W] of the current frame for every object."""
         n, k = memory_index.shape
         h, w = self.hw
         hw = h * w
@@ -266,21 +283,100 @@ class PropagationDecoder(nn.Module):
             [memory_valid.repeat_interleave(hw, dim=1), pointer_valid.repeat_interleave(splits, dim=1)], dim=1
         )
         fused = self._memory_attention(current, keys, keys_pos, _key_padding_bias(valid), k * hw)
-        pix_feat = fused.transpose(1, 2).reshape(n, self.c, h, w)
+        return fused.transpose(1, 2).reshape(n, self.c, h, w)
 
+
+class PropagationDecoder(MemoryConditioning):
+    """Memory attention + SAM mask decoder for N objects in one call.
+
+    Inputs (N objects, K memory frames, P object pointers, all padded; *_valid marks real entries):
+      tracker_feat_s0/_s1/tracker_feat [1, C*, H*, W*]: the current frame's tracker head.
+      memory_pool [Sm, HW, Cm]: spatial memories (stored bf16-rounded, as the reference stores them).
+      memory_index [N, K] int32: rows of memory_pool for each object.
+      memory_slot [N, K] int32: temporal slot of each memory (index into the temporal encodings; the
+        reference uses slot num_maskmem-1 for conditioning frames and t-1 for a frame t steps away).
+      memory_valid [N, K] float32: 1 for real entries, 0 for padding.
+      pointer_pool [Sp, C]: object pointers. pointer_index [N, P] int32, pointer_valid [N, P] float32.
+      pointer_offset [N, P] float32: signed frame distance divided by (max pointers used - 1).
+    Outputs: low_res_masks [N, 1, L, L], iou_scores [N, M], object_score_logits [N, 1],
+      object_pointer [N, C].
+    """
+
+    def __init__(self, model):
+        super().__init__(model)
+        self.multimask = self.trk._use_multimask(False, None)
+
+    def forward(self, tracker_feat_s0, tracker_feat_s1, tracker_feat, memory_pool, memory_index, memory_slot,
+                memory_valid, pointer_pool, pointer_index, pointer_offset, pointer_valid):
+        pix_feat = self.condition(tracker_feat, memory_pool, memory_index, memory_slot, memory_valid, pointer_pool,
+                                  pointer_index, pointer_offset, pointer_valid)
+        n = pix_feat.shape[0]
         high_res = [tracker_feat_s0.expand(n, -1, -1, -1), tracker_feat_s1.expand(n, -1, -1, -1)]
         return sam_head(self.trk, pix_feat, high_res, self.multimask)
+
+
+# -------------------------------------------------------------------------------------- interactive
+class InteractiveDecoder(MemoryConditioning):
+    """Clicks and boxes: the tracker's prompt path for N objects in one call, as
+    ``Sam3TrackerVideoModel._run_single_frame_inference`` runs it with point_inputs and no mask_inputs.
+
+    Inputs: the tracker head, memory and pointer pools exactly as PropagationDecoder, and per object
+      use_memory [N] float32: 1 = memory-conditioned features (a click on a frame the object was tracked
+        on, is_init_cond_frame=False); 0 = an initial conditioning frame: the current features plus
+        no_memory_embedding, the memory inputs ignored (they may be all padding).
+      point_coords [N, P, 2] float32: (x, y) in model-input pixels; point_labels [N, P] int32: 1 positive,
+        0 negative, 2 / 3 box corners. No pad point: the prompt encoder appends its own. Every row has
+        P real points (the runtime groups objects by point count).
+      multimask [N] float32: 1 = multimask output and the mask (and token) of the best predicted IoU;
+        0 = single-mask output (token 0, the decoder's dynamic_multimask_via_stability applied).
+    Outputs as PropagationDecoder: low_res_masks [N, 1, L, L] (NO_OBJ_SCORE where the object score is
+      <= 0), iou_scores [N, M] with M = num_multimask_outputs (multimask rows: the M predictions;
+      single-mask rows: the one prediction in every column, so max over the row is always the
+      returned mask's), object_score_logits [N, 1], object_pointer [N, C].
+    Both decoder variants run for every row and each row takes its own (interactive calls are rare).
+    """
+
+    def forward(self, tracker_feat_s0, tracker_feat_s1, tracker_feat, memory_pool, memory_index, memory_slot,
+                memory_valid, pointer_pool, pointer_index, pointer_offset, pointer_valid, use_memory,
+                point_coords, point_labels, multimask):
+        n = memory_index.shape[0]
+        with_memory = use_memory > 0.5  # [N]
+        # A row without memory may have nothing but padding; one "valid" key keeps its (unused) softmax
+        # finite, so no NaN exists anywhere in the graph, whatever a backend does with unselected values.
+        first = torch.where(with_memory, memory_valid[:, 0], torch.ones_like(memory_valid[:, 0]))
+        memory_valid = torch.cat([first[:, None], memory_valid[:, 1:]], dim=1)
+        conditioned = self.condition(tracker_feat, memory_pool, memory_index, memory_slot, memory_valid,
+                                     pointer_pool, pointer_index, pointer_offset, pointer_valid)
+        fresh = (tracker_feat + self.trk.no_memory_embedding.reshape(1, -1, 1, 1)).expand(n, -1, -1, -1)
+        pix_feat = torch.where(with_memory[:, None, None, None], conditioned, fresh)
+
+        high_res = [tracker_feat_s0.expand(n, -1, -1, -1), tracker_feat_s1.expand(n, -1, -1, -1)]
+        points, labels = point_coords[:, None], point_labels[:, None]
+        multi = sam_decode(self.trk, pix_feat, high_res, points, labels, True)
+        single = sam_decode(self.trk, pix_feat, high_res, points, labels, False)
+        best_mask, best_token = best_of(*multi[:3])
+        pick = (multimask > 0.5)[:, None]  # [N, 1]
+        low_res = torch.where(pick[:, :, None, None], best_mask, single[0][:, :1])
+        token = torch.where(pick, best_token, single[2][:, 0])
+        iou = torch.where(pick, multi[1], single[1][:, :1].expand_as(multi[1]))
+        scores = torch.where(pick, multi[3], single[3])  # the same value: the object token ignores the mode
+        return low_res, iou, scores, object_pointer(self.trk, token, scores)
 
 
 # ------------------------------------------------------------------------------------------- memory
 class MemoryEncoder(nn.Module):
     """Current tracker features + N mask logits -> N spatial memories [N, HW, Cm].
 
-    mask_logits [N, 1, L, L] are low-resolution logits. Per object, `binarize` (float, 1 = true) picks the reference's
-    path: False (memory of a tracked frame) -> sigmoid of the logits resized to the memory size;
-    True (objects re-encoded on a frame that adds objects) -> logits upsampled to the image size, then
-    to the memory size, then thresholded at 0. object_score_logits [N, 1] > 0 marks the object as visible.
-    The result is rounded to bfloat16, as the reference stores it.
+    mask_logits [N, 1, L, L] are low-resolution logits. Per object (float flags, 1 = true):
+    - binarize: logits upsampled to the image size, then to the memory size, thresholded at 0 (objects
+      re-encoded on a frame that adds objects, or whose mask came from clicks: is_mask_from_pts);
+    - else via_image: sigmoid of the logits upsampled to the image size, then to the memory size
+      (``_encode_new_memory`` fed with the tracker's high_res_masks, as for objects the tracker itself
+      ran on a frame);
+    - else: sigmoid of the logits resized straight to the memory size (memory of a tracked frame in
+      Sam3VideoModel's planning phase).
+    object_score_logits [N, 1] > 0 marks the object as visible. The result is rounded to bfloat16, as
+    the reference stores it.
     """
 
     def __init__(self, model):
@@ -291,15 +387,16 @@ class MemoryEncoder(nn.Module):
         mh, mw = trk.prompt_encoder.mask_input_size
         self.memory_mask_size = (4 * mh, 4 * mw)
 
-    def forward(self, tracker_feat, mask_logits, object_score_logits, binarize):
+    def forward(self, tracker_feat, mask_logits, object_score_logits, binarize, via_image):
         n = mask_logits.shape[0]
         trk = self.trk
-        soft = torch.sigmoid(F.interpolate(mask_logits, size=self.memory_mask_size, mode="bilinear",
-                                           align_corners=False))
+        direct = F.interpolate(mask_logits, size=self.memory_mask_size, mode="bilinear", align_corners=False)
         image_res = F.interpolate(mask_logits, size=(self.image_size, self.image_size), mode="bilinear",
                                   align_corners=False)
-        hard = F.interpolate(image_res, size=self.memory_mask_size, mode="bilinear", align_corners=False) > 0
-        hard = hard.to(mask_logits.dtype)
+        # the reference resizes image-size masks with antialias=True: plain bilinear when upsampling
+        through_image = resize_antialiased(image_res, self.memory_mask_size)
+        hard = (through_image > 0).to(mask_logits.dtype)
+        soft = torch.sigmoid(torch.where(via_image[:, None, None, None] > 0.5, through_image, direct))
         mask_for_mem = torch.where(binarize[:, None, None, None] > 0.5, hard, soft)
         mask_for_mem = mask_for_mem * trk.config.sigmoid_scale_for_mem_enc + trk.config.sigmoid_bias_for_mem_enc
         features, _ = trk.memory_encoder(tracker_feat.expand(n, -1, -1, -1), mask_for_mem)

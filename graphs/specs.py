@@ -52,7 +52,8 @@ class Dims:
     grid: int  # tokens per side of the last feature level
     mask_size: int  # low-resolution mask side L
     num_queries: int
-    num_masks: int  # masks the tracker's decoder returns per object (iou_scores width)
+    num_masks: int  # masks the tracker's decoder returns per tracked object (propagation iou_scores width)
+    num_multimask_outputs: int  # masks of the decoder's multimask output (interactive iou_scores width)
     vocab_size: int
 
     @classmethod
@@ -69,6 +70,7 @@ class Dims:
             mask_size=trk.prompt_encoder.mask_input_size[0],
             num_queries=cfg.detector_config.detr_decoder_config.num_queries,
             num_masks=trk.config.mask_decoder_config.num_multimask_outputs if trk._use_multimask(False, None) else 1,
+            num_multimask_outputs=trk.config.mask_decoder_config.num_multimask_outputs,
             vocab_size=cfg.detector_config.text_config.vocab_size,
         )
 
@@ -84,6 +86,25 @@ def graph_specs(d: Dims) -> dict[str, GraphSpec]:
     detector_head = tuple(
         TensorSpec(f"detector_fpn{i}", "float32", (1, c, (4 >> i) * g, (4 >> i) * g)) for i in range(3)
     )
+
+    memory_inputs = (
+        TensorSpec("memory_pool", "float32", ("memory_rows", hw, cm)),
+        TensorSpec("memory_index", "int32", ("objects", "memories")),
+        TensorSpec("memory_slot", "int32", ("objects", "memories")),
+        TensorSpec("memory_valid", "float32", ("objects", "memories")),
+        TensorSpec("pointer_pool", "float32", ("pointer_rows", c)),
+        TensorSpec("pointer_index", "int32", ("objects", "pointers")),
+        TensorSpec("pointer_offset", "float32", ("objects", "pointers")),
+        TensorSpec("pointer_valid", "float32", ("objects", "pointers")),
+    )
+
+    def decoder_outputs(num_masks):
+        return (
+            TensorSpec("low_res_masks", "float32", ("objects", 1, l, l)),
+            TensorSpec("iou_scores", "float32", ("objects", num_masks)),
+            TensorSpec("object_score_logits", "float32", ("objects", 1)),
+            TensorSpec("object_pointer", "float32", ("objects", c)),
+        )
 
     def batched(specs, axis="images"):
         return tuple(TensorSpec(t.name, t.dtype, (axis,) + t.shape[1:]) for t in specs)
@@ -115,22 +136,18 @@ def graph_specs(d: Dims) -> dict[str, GraphSpec]:
         ),
         "propagation_decoder": GraphSpec(
             "propagation_decoder", modules.PropagationDecoder,
-            inputs=tracker_head + (
-                TensorSpec("memory_pool", "float32", ("memory_rows", hw, cm)),
-                TensorSpec("memory_index", "int32", ("objects", "memories")),
-                TensorSpec("memory_slot", "int32", ("objects", "memories")),
-                TensorSpec("memory_valid", "float32", ("objects", "memories")),
-                TensorSpec("pointer_pool", "float32", ("pointer_rows", c)),
-                TensorSpec("pointer_index", "int32", ("objects", "pointers")),
-                TensorSpec("pointer_offset", "float32", ("objects", "pointers")),
-                TensorSpec("pointer_valid", "float32", ("objects", "pointers")),
+            inputs=tracker_head + memory_inputs,
+            outputs=decoder_outputs(d.num_masks),
+        ),
+        "interactive_decoder": GraphSpec(
+            "interactive_decoder", modules.InteractiveDecoder,
+            inputs=tracker_head + memory_inputs + (
+                TensorSpec("use_memory", "float32", ("objects",)),
+                TensorSpec("point_coords", "float32", ("objects", "points", 2)),
+                TensorSpec("point_labels", "int32", ("objects", "points")),
+                TensorSpec("multimask", "float32", ("objects",)),
             ),
-            outputs=(
-                TensorSpec("low_res_masks", "float32", ("objects", 1, l, l)),
-                TensorSpec("iou_scores", "float32", ("objects", d.num_masks)),
-                TensorSpec("object_score_logits", "float32", ("objects", 1)),
-                TensorSpec("object_pointer", "float32", ("objects", c)),
-            ),
+            outputs=decoder_outputs(d.num_multimask_outputs),
         ),
         "memory_encoder": GraphSpec(
             "memory_encoder", modules.MemoryEncoder,
@@ -139,6 +156,7 @@ def graph_specs(d: Dims) -> dict[str, GraphSpec]:
                 TensorSpec("mask_logits", "float32", ("objects", 1, l, l)),
                 TensorSpec("object_score_logits", "float32", ("objects", 1)),
                 TensorSpec("binarize", "float32", ("objects",)),
+                TensorSpec("via_image", "float32", ("objects",)),
             ),
             outputs=(TensorSpec("maskmem_features", "float32", ("objects", hw, cm)),),
         ),
@@ -194,8 +212,15 @@ def sample_inputs(spec: GraphSpec, d: Dims, sizes: dict[str, int], seed: int = 0
         elif t.name == "masks":
             blobs = torch.randn(shape, generator=gen)
             out[t.name] = (F_smooth(blobs) > 0.3).float()
-        elif t.name == "binarize":
+        elif t.name in ("binarize", "via_image", "use_memory", "multimask"):
             out[t.name] = torch.rand(shape, generator=gen) > 0.5
+        elif t.name == "point_coords":
+            out[t.name] = torch.rand(shape, generator=gen) * d.image_size
+        elif t.name == "point_labels":
+            labels = torch.randint(0, 2, shape, generator=gen)
+            if shape[1] >= 2:
+                labels[0, :2] = torch.tensor([2, 3])  # a box: its two corners first
+            out[t.name] = labels
         elif t.name == "object_score_logits":
             out[t.name] = torch.randn(shape, generator=gen) * 5
         elif t.dtype == "float32":
@@ -203,7 +228,7 @@ def sample_inputs(spec: GraphSpec, d: Dims, sizes: dict[str, int], seed: int = 0
         else:
             raise AssertionError(f"no sample rule for {spec.name}.{t.name}")
 
-    if spec.name == "propagation_decoder":
+    if spec.name in ("propagation_decoder", "interactive_decoder"):
         out.update(_memory_layout(sizes, gen))
     return {t.name: as_spec_dtype(out[t.name], t) for t in spec.inputs}
 

@@ -22,7 +22,7 @@ from sam3track.errors import Sam3TrackError
 from . import atc as atc_mod
 from . import manifest as manifest_mod
 from .errors import ConversionError
-from .plan import DEFAULT_GEARS, GraphPlan, axes_of, default_gears, parse_gears, plan_graph
+from .plan import DEFAULT_GEARS, GRAPH_GEARS, GraphPlan, axes_of, default_gears, graph_gears, parse_gears, plan_graph
 from .prepass import make_atc_ready
 
 PRECISION_HELP = (
@@ -57,7 +57,8 @@ def make_plans(manifest: dict, gears: dict[str, tuple[int, ...]] | None = None, 
         raise ConversionError(f"--shape-range names unknown graphs {unknown}; the bundle has {', '.join(graphs)}")
     all_gears = default_gears(manifest)
     all_gears.update(gears or {})
-    return {name: plan_graph(name, entry, all_gears, shape_range=name in shape_range,
+    explicit = set(gears or {})
+    return {name: plan_graph(name, entry, graph_gears(name, all_gears, explicit), shape_range=name in shape_range,
                              precision=(precision or {}).get(name, "origin"))
             for name, entry in graphs.items()}
 
@@ -134,7 +135,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--gears", nargs="+", default=[], metavar="AXIS=N,N",
                         help=f"sizes to compile per axis (default {defaults}; the propagation_decoder's memories, "
                              "pointers, memory_rows and pointer_rows are fixed at capacities from the bundle's "
-                             "config, om.plan.default_capacities). One size fixes an axis; more make it vary.")
+                             "config, om.plan.default_capacities; per-graph defaults where an axis is not "
+                             f"given: {GRAPH_GEARS}; interactive_decoder's pool axes keep their largest size). "
+                             "One size fixes an axis; more make it vary.")
     parser.add_argument("--shape-range", nargs="+", default=[], metavar="GRAPH",
                         help="compile these graphs in shape-range mode (lo~hi dims, 910B/310P only) instead of gears")
     args = parser.parse_args(argv)

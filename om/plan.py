@@ -11,7 +11,7 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass, field
 
-from sam3track.call_sizes import DEFAULT_GEARS  # noqa: F401  one definition, shared with ONNX Runtime on CANN
+from sam3track.call_sizes import DEFAULT_GEARS, GRAPH_GEARS  # noqa: F401  one definition, shared with ORT on CANN
 
 from .errors import PlanError
 
@@ -47,6 +47,25 @@ def default_gears(manifest: dict) -> dict[str, tuple[int, ...]]:
     from sam3track.config import TrackerConfig
 
     return with_capacities(TrackerConfig.from_manifest(manifest))
+
+
+# The pool axes (memories, pointers, memory_rows, pointer_rows) of the graphs that gather memory: the
+# runtime pads them to the compiled capacities, so they are compiled at one size each. Varying memories
+# (--gears memories=4,10) is allowed for propagation_decoder (the per-frame call); interactive_decoder
+# keeps the largest, so its profiles stay objects x points.
+POOL_AXES = ("memories", "pointers", "memory_rows", "pointer_rows")
+ONE_SIZE_POOL_AXES = ("interactive_decoder",)
+
+
+def graph_gears(name: str, gears: dict[str, tuple[int, ...]], explicit=()) -> dict[str, tuple[int, ...]]:
+    """The gears of graph ``name``: ``gears`` with GRAPH_GEARS' per-graph defaults for axes the user did
+    not name (``explicit``: the axes given with --gears), and the pool axes of ONE_SIZE_POOL_AXES graphs
+    fixed at their largest size."""
+    out = dict(gears)
+    out.update({a: s for a, s in GRAPH_GEARS.get(name, {}).items() if a not in explicit})
+    if name in ONE_SIZE_POOL_AXES:
+        out.update({a: (max(out[a]),) for a in POOL_AXES if out.get(a)})
+    return out
 
 
 def parse_gears(items: list[str], known_axes: set[str]) -> dict[str, tuple[int, ...]]:

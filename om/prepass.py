@@ -200,7 +200,7 @@ def sample_inputs(plan: GraphPlan, sizes: dict[str, int], manifest: dict, model=
         elif name.endswith("mask") and len(shape) == 2:  # attention masks: a prefix of ones per row
             lengths = rng.integers(1, shape[1] + 1, (shape[0], 1))
             value = np.arange(shape[1])[None] < lengths
-        elif name.endswith("_valid") or name in ("binarize", "masks"):
+        elif name.endswith("_valid") or name in ("binarize", "via_image", "use_memory", "multimask", "masks"):
             value = rng.random(shape) > 0.5
             if value.ndim == 2:
                 value[:, 0] = True

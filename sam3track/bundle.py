@@ -15,11 +15,13 @@ from pathlib import Path
 
 from .errors import BundleError
 
-SUPPORTED_FORMAT = 2  # 2: graph inputs are int32 / float32 (no int64 or bool)
+# 2: graph inputs are int32 / float32 (no int64 or bool); 3: interactive_decoder, memory_encoder's
+# via_image, the tracker's multimask settings (older bundles lack them: export again)
+SUPPORTED_FORMAT = 3
 OM_MANIFEST = "om_manifest.json"  # written by `python -m om.convert` next to manifest.json
 SUPPORTED_OM_FORMAT = 1
-REQUIRED_GRAPHS = ("text_encoder", "backbone", "grounding_head", "propagation_decoder", "memory_encoder",
-                   "mask_init")
+REQUIRED_GRAPHS = ("text_encoder", "backbone", "grounding_head", "propagation_decoder", "interactive_decoder",
+                   "memory_encoder", "mask_init")
 # manifest keys the runtime reads, as paths
 REQUIRED_KEYS = (
     ("preprocessing", "image_size"), ("preprocessing", "rescale_factor"), ("preprocessing", "image_mean"),
@@ -27,7 +29,9 @@ REQUIRED_KEYS = (
     ("config", "heuristics"), ("config", "tracker", "low_res_mask_size"), ("config", "tracker", "feature_grid"),
     ("config", "tracker", "hidden_dim"), ("config", "tracker", "memory_dim"), ("config", "tracker", "num_maskmem"),
     ("config", "tracker", "max_cond_frame_num"), ("config", "tracker", "max_object_pointers_in_encoder"),
-    ("config", "detector", "num_queries"),
+    ("config", "detector", "num_queries"), ("config", "tracker", "multimask_output_in_sam"),
+    ("config", "tracker", "multimask_output_for_tracking"), ("config", "tracker", "multimask_min_pt_num"),
+    ("config", "tracker", "multimask_max_pt_num"),
 )
 
 
@@ -132,6 +136,11 @@ class Bundle:
             ("propagation_decoder", "memory_pool"): {1: g * g, 2: cm},
             ("propagation_decoder", "pointer_pool"): {1: c},
             ("propagation_decoder", "low_res_masks"): {2: size, 3: size},
+            ("interactive_decoder", "tracker_feat"): tracker_feat,
+            ("interactive_decoder", "memory_pool"): {1: g * g, 2: cm},
+            ("interactive_decoder", "pointer_pool"): {1: c},
+            ("interactive_decoder", "point_coords"): {2: 2},
+            ("interactive_decoder", "low_res_masks"): {2: size, 3: size},
             ("memory_encoder", "mask_logits"): {2: size, 3: size},
             ("memory_encoder", "maskmem_features"): {1: g * g, 2: cm},
             ("mask_init", "masks"): {2: size, 3: size},

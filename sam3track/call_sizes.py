@@ -31,7 +31,16 @@ class Chunk:
 
 # The gears a static-shape target compiles by default (om.convert, and ONNX Runtime on CANN, which
 # compiles a graph again for every new input shape): powers of two up to 16 objects, 8 prompts.
-DEFAULT_GEARS = {"objects": (1, 2, 4, 8, 16), "prompts": (1, 2, 4, 8), "images": (1,)}
+# points (interactive_decoder, the points of one object's prompt; a box is 2): every count from 1 to 8,
+# then 10, 12, 16. The runtime never pads points (a fake point changes the mask), so a call with a
+# count not listed here is refused (CapacityError) on a backend with these gears.
+DEFAULT_GEARS = {"objects": (1, 2, 4, 8, 16), "prompts": (1, 2, 4, 8), "images": (1,),
+                 "points": (1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 16)}
+# Per-graph defaults where one graph needs other gears than DEFAULT_GEARS (om.convert; ONNX Runtime's
+# gears are one set for every graph). interactive_decoder varies objects and points together, so it
+# compiles one --dynamic_dims profile per pair: few objects are clicked at once, and 3 object gears x
+# 11 point gears = 33 profiles stays well inside ATC's 2..100.
+GRAPH_GEARS = {"interactive_decoder": {"objects": (1, 2, 4)}}
 
 
 def default_gears(config) -> dict[str, tuple[int, ...]]:

@@ -31,6 +31,14 @@ class TrackerConfig:
     num_maskmem: int
     max_cond_frame_num: int
     max_object_pointers_in_encoder: int
+    # when the tracker's SAM head gives 3 masks and keeps the best (transformers _use_multimask): with
+    # multimask_output_in_sam, on initial conditioning frames (or any frame with
+    # multimask_output_for_tracking) when the point count is within [multimask_min_pt_num,
+    # multimask_max_pt_num]; a box counts as 2 points
+    multimask_output_in_sam: bool
+    multimask_output_for_tracking: bool
+    multimask_min_pt_num: int
+    multimask_max_pt_num: int
     # detection and association heuristics (transformers' Sam3VideoConfig defaults, per checkpoint)
     score_threshold_detection: float
     det_nms_thresh: float
@@ -112,6 +120,7 @@ class TrackerConfig:
             num_queries=cfg["detector"]["num_queries"], num_maskmem=cfg["tracker"]["num_maskmem"],
             max_cond_frame_num=cfg["tracker"]["max_cond_frame_num"],
             max_object_pointers_in_encoder=cfg["tracker"]["max_object_pointers_in_encoder"],
+            **{name: cfg["tracker"][name] for name in _MULTIMASK if name in cfg["tracker"]},
         )
         fields = {f.name: f for f in dataclasses.fields(cls)}
         values.update({k: v for k, v in cfg["heuristics"].items() if k in fields})
@@ -136,7 +145,10 @@ class TrackerConfig:
 # Geometry and preprocessing the graphs were exported with: changing them breaks the graphs.
 FIXED_BY_MODEL = frozenset({"image_size", "rescale_factor", "image_mean", "image_std", "text_length", "pad_token_id",
                             "low_res_mask_size", "feature_grid", "hidden_dim", "memory_dim", "num_queries",
-                            "num_maskmem"})
+                            "num_maskmem", "multimask_output_in_sam", "multimask_output_for_tracking",
+                            "multimask_min_pt_num", "multimask_max_pt_num"})
+_MULTIMASK = ("multimask_output_in_sam", "multimask_output_for_tracking", "multimask_min_pt_num",
+              "multimask_max_pt_num")
 _PROBABILITIES = ("score_threshold_detection", "det_nms_thresh", "assoc_iou_thresh", "trk_assoc_iou_thresh",
                   "new_det_thresh", "suppress_overlapping_based_on_recent_occlusion_threshold", "high_conf_thresh",
                   "high_iou_thresh")
@@ -148,10 +160,11 @@ _WHOLE_NUMBERS = {
     "num_maskmem": 1, "max_cond_frame_num": -1, "max_object_pointers_in_encoder": 1, "image_size": 1,
     "text_length": 1, "pad_token_id": 0, "low_res_mask_size": 1, "feature_grid": 1, "hidden_dim": 1,
     "memory_dim": 1, "num_queries": 1, "init_trk_keep_alive": None, "max_trk_keep_alive": None,
-    "min_trk_keep_alive": None,
+    "min_trk_keep_alive": None, "multimask_min_pt_num": 0, "multimask_max_pt_num": 0,
 }
 _FLAGS = ("recondition_on_trk_masks", "suppress_unmatched_only_within_hotstart",
-          "decrease_trk_keep_alive_for_empty_masklets", "mask_nms", "fill_holes", "match_reference_quirks")
+          "decrease_trk_keep_alive_for_empty_masklets", "mask_nms", "fill_holes", "match_reference_quirks",
+          "multimask_output_in_sam", "multimask_output_for_tracking")
 
 
 def _check(name: str, value, where: str) -> None:

@@ -117,6 +117,7 @@ def test_unknown_object_ids(predictor, frames):
     ({"fill_holes": "yes"}, "takes true or false"),
     ({"image_size": 224}, "image_size is fixed by the exported graphs"),
     ({"feature_grid": 4}, "feature_grid is fixed by the exported graphs"),
+    ({"multimask_max_pt_num": 3}, "multimask_max_pt_num is fixed by the exported graphs"),
     ({"max_cond_frame_num": 0}, "must be -1 \\(no limit\\) or at least 1"),
     ({"retire_unseen_after": -5}, "must be at least 0"),
     ({"no_such_option": 1}, "unknown configuration options"),
@@ -143,6 +144,9 @@ def _edit_manifest(bundle, edit):
     (lambda m: m.update(format_version="1"), "format_version '1', not a whole number"),
     (lambda m: m.pop("format_version"), "format_version None, not a whole number"),
     (lambda m: m.update(format_version=0), "format 0, older than this sam3track reads"),
+    # format 2 has no interactive_decoder and no via_image: refused, not half-used
+    (lambda m: m.update(format_version=2), r"format 2, older than this sam3track reads \(3\); export the bundle again"),
+    (lambda m: m["config"]["tracker"].pop("multimask_max_pt_num"), "has no config.tracker.multimask_max_pt_num"),
     (lambda m: m.update(format_version=99), "format 99, newer than this sam3track reads"),
     (lambda m: m["preprocessing"].pop("image_size"), "has no preprocessing.image_size"),
     (lambda m: m["config"]["tracker"].pop("feature_grid"), "has no config.tracker.feature_grid"),
@@ -150,6 +154,7 @@ def _edit_manifest(bundle, edit):
     (lambda m: m["config"]["tracker"].update(hidden_dim=256), "geometry gives backbone.tracker_feat size 256"),
     (lambda m: m["config"]["heuristics"].update(new_det_thresh=float("nan")), "new_det_thresh in the bundle's"),
     (lambda m: m["graphs"].pop("mask_init"), "lists no complete graph 'mask_init'"),
+    (lambda m: m["graphs"].pop("interactive_decoder"), "lists no complete graph 'interactive_decoder'"),
 ])
 def test_bad_manifests(tiny_bundle, tmp_path, edit, match):
     bundle = _copy(tiny_bundle, tmp_path, "b")

@@ -56,8 +56,8 @@ def test_every_graph_compiles_with_the_fake_atc(converted):
     assert om["format"] == "sam3track-om" and om["compiled"] is True and om["soc_version"] == "Ascend910B2"
     modes = {g: e["mode"] for g, e in om["graphs"].items()}
     assert modes == {"text_encoder": "dynamic_batch", "backbone": "static", "grounding_head": "dynamic_batch",
-                     "propagation_decoder": "dynamic_dims", "memory_encoder": "shape_range",
-                     "mask_init": "dynamic_batch"}
+                     "propagation_decoder": "dynamic_dims", "interactive_decoder": "dynamic_dims",
+                     "memory_encoder": "shape_range", "mask_init": "dynamic_batch"}
     for name, g in om["graphs"].items():
         expected = f"om/{name}_linux_{ARCH}.om" if g["mode"] == "shape_range" else f"om/{name}.om"
         assert g["om_file"] == expected and (out / expected).is_file()
@@ -110,8 +110,18 @@ def test_plans_recorded_in_the_om_manifest(converted, tiny_bundle):
     assert pool["shape"][0] == caps["memory_rows"] and pool["axes"][0] == "memory_rows"
     masks = next(o for o in dec["outputs"] if o["name"] == "low_res_masks")
     assert masks["shape"][0] == 16 and masks["axes"][0] == "objects"
+    # clicks: objects (its own small gears) and points vary together; the pool axes stay at the
+    # capacities, the largest memories gear, even where propagation_decoder varies memories
+    inter = om["graphs"]["interactive_decoder"]
+    assert inter["axes"] == {"memory_rows": [caps["memory_rows"]], "objects": [1, 2, 4], "memories": [10],
+                             "pointer_rows": [caps["pointer_rows"]], "pointers": [caps["pointers"]],
+                             "points": [1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 16]}
+    assert len(inter["profiles"]) == 3 * 11
+    # objects in 10 inputs (6 memory / pointer tables, use_memory, points, labels, multimask), points in 2
+    assert [4] * 7 + [4, 12, 4, 12, 4] in inter["profiles"]
     enc = om["graphs"]["memory_encoder"]
     assert enc["ranges"]["mask_logits"][0] == [1, 16] and enc["profiles"] is None
+    assert enc["ranges"]["via_image"] == [[1, 16]]
     assert "1~16" in next(a for a in enc["atc_command"] if a.startswith("--input_shape="))
     assert om["graphs"]["backbone"]["profiles"] is None and om["graphs"]["backbone"]["axes"] == {"images": [1]}
     assert om["graphs"]["grounding_head"]["risky_ops"] == {"Einsum": 1}
@@ -143,6 +153,7 @@ def test_without_atc_the_bundle_is_planned_not_compiled(tiny_bundle, tmp_path, m
     assert not list(out.rglob("*.om"))
     modes = {g: e["mode"] for g, e in om["graphs"].items()}
     assert modes["backbone"] == "static" and modes["propagation_decoder"] == "dynamic_batch"
+    assert modes["interactive_decoder"] == "dynamic_dims"
     assert om["graphs"]["text_encoder"]["profiles"] == [[1], [2], [4], [8]]
 
     from sam3track.cli import main as cli_main
@@ -229,7 +240,12 @@ def test_120_profiles_are_refused(tiny_bundle):
                                         r"memories 4 x pointers 6\); ATC accepts 2 to 100"):
         make_plans(manifest, gears)
     del gears["pointers"]  # 20 profiles are fine
-    assert len(make_plans(manifest, gears)["propagation_decoder"].dynamic_dims) == 20
+    plans = make_plans(manifest, gears)
+    assert len(plans["propagation_decoder"].dynamic_dims) == 20
+    # objects named on the command line apply to interactive_decoder too: 5 x 11 points; memories stay fixed
+    assert len(plans["interactive_decoder"].dynamic_dims) == 55 and plans["interactive_decoder"].axes["memories"] == (8,)
+    with pytest.raises(PlanError, match=r"interactive_decoder: 110 --dynamic_dims profiles \(objects 10 x points 11\)"):
+        make_plans(manifest, {"objects": tuple(range(1, 11))})
 
 
 def test_a_profile_missing_an_input_value_is_refused():
