@@ -45,6 +45,7 @@ class FrameOutput:
     prompts: dict[int, int]  # obj id -> prompt index
     removed: set[int]  # removed on this frame by the hotstart rules or retirement
     suppressed: set[int] = field(default_factory=set)  # hidden on this frame only
+    user_objects: set[int] = field(default_factory=set)  # user-prompted: shown as the tracker gives them
 
 
 @dataclass
@@ -275,6 +276,7 @@ class FrameLoop:
             obj = self.objects[obj_id]
             out.masks[obj_id], out.scores[obj_id] = raw, obj.score
             out.tracker_scores[obj_id], out.prompts[obj_id] = float(p), obj.prompt
+            out.user_objects.add(obj_id)
 
     # ------------------------------------------------------------------------- clicks and boxes
     def apply_clicks(self, features, frame: int, requests: list[ClickRequest], num_frames: int | None) -> FrameOutput:
@@ -331,8 +333,10 @@ class FrameLoop:
         self.encode_memory(features, encode, frame, everything.raw[rows], everything.scores[rows], binarize=True,
                            via_image=True)
         out = FrameOutput(frame, {}, {}, {}, {}, set())
-        for obj_id, raw, p in zip(everything.obj_ids, everything.raw, _sigmoid(everything.scores)):
-            obj = self.objects[obj_id]
+        self._show_user_objects(out, everything.take([o for o in everything.obj_ids if self.objects[o].interactive]))
+        detected = everything.take([o for o in everything.obj_ids if not self.objects[o].interactive])
+        for obj_id, raw, p in zip(detected.obj_ids, detected.masks, _sigmoid(detected.scores)):
+            obj = self.objects[obj_id]  # text-detected objects as propagation shows them (holes filled)
             out.masks[obj_id], out.scores[obj_id] = raw, obj.score
             out.tracker_scores[obj_id], out.prompts[obj_id] = float(p), obj.prompt
         return out

@@ -279,7 +279,11 @@ class MemoryBank:
               exclude_frame: bool = False, empty: frozenset = frozenset()) -> MemoryQuery:
         """Padded indices of what each object attends to on `frame`. exclude_frame: leave out the
         object's own entry of `frame` (a click refining that frame replaces it); objects in `empty`
-        (or not in the bank yet) get padding only."""
+        (or not in the bank yet) get padding only.
+
+        A frame visited out of order (a click on a frame tracked earlier, a propagate() starting behind
+        where the last one ended) reads the memories still held: those eviction already freed are
+        skipped, where the reference, which keeps everything, would read them."""
         per_object = [([], []) if o in empty or o not in self.objects
                       else self._select(o, frame, reverse, num_frames, exclude_frame) for o in obj_ids]
         n = len(obj_ids)
@@ -312,10 +316,7 @@ class MemoryBank:
             e = mem.non_cond.get(t, unselected.get(t))
             if e is not None:
                 memories.append((t, e.memory_row, offset - 1))
-        missing = [t for t, row, _ in memories if row is None]
-        if missing:
-            raise Sam3TrackError(f"internal error: object {obj_id}'s memory of frame {missing[0]} was selected on "
-                                 f"frame {frame} after it was freed; please report this")
+        memories = [m for m in memories if m[1] is not None]  # freed already (see query)
 
         sign = -1 if reverse else 1
         max_ptr = self._max_pointers(num_frames)

@@ -69,7 +69,7 @@ def masks_to_boxes(masks: np.ndarray) -> np.ndarray:
 
 def objectwise_non_overlap(masks: np.ndarray, scores: np.ndarray, prompt_ids: list[int]) -> np.ndarray:
     """Each pixel goes to the object with the highest tracker score among its prompt's objects.
-    User-prompted objects (prompt -1) are left as the tracker gives them, as the reference's tracker
+    Objects of group -1 (user-prompted) are left as the tracker gives them, as the reference's tracker
     post-processing does (apply_non_overlapping_constraints=False)."""
     out = masks.copy()
     prompts = np.asarray(prompt_ids)
@@ -100,7 +100,8 @@ def build_result(output, prompts: list[str], height: int, width: int, hidden: se
     tracker = np.asarray([output.tracker_scores.get(i, 0.0) for i in ids], np.float32)
     boxes = masks_to_boxes(masks)
     prompt_ids = [output.prompts.get(i, -1) for i in ids]
-    if len(ids) > 1:
-        masks = objectwise_non_overlap(masks, tracker, prompt_ids)
+    if len(ids) > 1:  # user-prompted objects take no part (group -1), as in the reference's tracker
+        groups = [-1 if i in output.user_objects else p for i, p in zip(ids, prompt_ids)]
+        masks = objectwise_non_overlap(masks, tracker, groups)
     return FrameResult(output.frame_index, np.asarray(ids, np.int64), scores, boxes, masks,
                        [prompts[p] if p >= 0 else "" for p in prompt_ids], tracker)

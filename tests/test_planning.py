@@ -100,3 +100,19 @@ def test_the_registry_keeps_no_per_frame_history(config):
         reg[0].keep_alive, reg[0].unmatched_count, reg[0].last_visible = u.keep_alive, u.unmatched_count, u.last_visible
         reg[0].duplicate_of, reg[0].last_occluded = u.duplicates, u.last_occluded
     assert reg[0].duplicate_of == {} and reg[0].unmatched_count == 0 and reg[0].last_visible == 199
+
+
+@pytest.mark.parametrize("prompt", [0, 1])
+def test_a_detection_over_a_user_object_starts_no_new_object_whatever_its_prompt(config, prompt):
+    reg = _registry(TrackedObject(0, prompt=0, first_frame=0, score=0.9, keep_alive=30, last_visible=0))
+    track = np.stack([_square(0, 0)])
+    user = np.stack([_square(9, 9)])  # a clicked object, not managed by the heuristics
+    det = _detections(_square(9, 9), _square(9, 2, size=3), scores=[0.9, 0.9], prompts=[prompt, prompt])
+    alone = plan_frame(5, False, False, det, track, np.array([2.0], np.float32), reg, config)
+    beside = plan_frame(5, False, False, det, track, np.array([2.0], np.float32), reg, config, user_masks=user)
+    assert alone.new_det_inds == [0, 1]
+    assert beside.new_det_inds == [1]  # the one over the user object is that object
+    assert beside.new_obj_ids == [1]
+    full = dataclasses.replace(config, max_num_objects=2)  # user objects count against the limit
+    assert plan_frame(5, False, False, det, track, np.array([2.0], np.float32), reg, full,
+                      user_masks=user).new_det_inds == []
