@@ -10,8 +10,11 @@ The scenario (issue 9): clicks on frame 0 (a positive click, then a negative cli
 accumulated; a second object from one click), a box on frame 10 (a third object), a click pair on frame 20
 for the box's object before any propagation (a new conditioning frame), then a propagation, then a
 correcting click (positive, then negative, accumulated) on frame 20 for the first object, which it was
-tracked on by then (memory-conditioned; the reference stores it as a non-conditioning output), then the
-same propagation again. "forward": propagations forward from the default start (frame 0); "backward":
+tracked on by then (memory-conditioned; the reference stores it as a non-conditioning output), then a
+propagation from the next frame in the same direction (frames 21.. or 19..0, which see the correction as a
+non-conditioning memory), then the first propagation again (which, in the reference, re-tracks frame 20
+without the clicks and so reproduces the first pass exactly: the correction is gone, see
+reference_tracker's note 9). "forward": propagations forward from the default start (frame 0); "backward":
 from the last frame backward (the reference's default start for reverse is frame 0, which yields nothing).
 
 Click positions come from the video content alone (never from either model's output): the frame is
@@ -103,6 +106,9 @@ def scenario(frames: np.ndarray, direction: str) -> list[dict]:
     last = len(frames) - 1
     propagate = (dict(propagate="forward") if direction == "forward"
                  else dict(propagate="backward", start_frame=last))
+    # from the frame after the correction, in the pass's direction: those frames see it (non-conditioning memory)
+    follow = (dict(propagate="forward", start_frame=21) if direction == "forward"
+              else dict(propagate="backward", start_frame=19))
     return [
         dict(frame=0, obj_id=1, points=[a.point], labels=[1]),
         dict(frame=0, obj_id=1, points=[neg_a.point], labels=[0]),          # accumulates: 2 points
@@ -112,7 +118,8 @@ def scenario(frames: np.ndarray, direction: str) -> list[dict]:
         propagate,
         dict(frame=20, obj_id=1, points=[a20.point], labels=[1]),           # tracked frame: a correction
         dict(frame=20, obj_id=1, points=[neg_a20.point], labels=[0]),
-        dict(propagate),
+        follow,
+        dict(propagate),  # the whole pass again: the reference re-tracks frame 20 without the clicks
     ]
 
 
