@@ -14,10 +14,10 @@ Semantics the runtime must match (transformers 5.24.0; `tv` = models/sam3_tracke
 `tp` = models/sam3_tracker_video/processing_sam3_tracker_video.py, `sv` = models/sam3_video/modeling_sam3_video.py;
 line numbers drift between releases):
 
-1. Coordinates (tp:179-207, tp:458-489): video pixels -> model-input pixels, x' = x * (S / W), y' = y * (S / H)
+1. Coordinates (tp:179-207, tp:428-460): video pixels -> model-input pixels, x' = x * (S / W), y' = y * (S / H)
    (S = image_size; the Python-float ratio is applied to a float32 tensor), box corners likewise.
    The prompt encoder then adds +0.5 and divides by S (tv:1287-1310); with boxes given as points it appends
-   one pad point (0, 0) with label -1 (pad=True because input_boxes is None, tv:1340).
+   one pad point (0, 0) with label -1 (pad=True because input_boxes is None, tv:1348).
 2. Point order (tp:701-711, tp:718-726): a box becomes two points [x0, y0], [x1, y1] with labels 2, 3 placed
    BEFORE the clicks of the same call. With clear_old_inputs=False the earlier points of that (object, frame)
    come first, then the new call's points (box corners, then clicks). A box with clear_old_inputs=False raises
@@ -30,42 +30,50 @@ line numbers drift between releases):
    is encoded: the immediate result of a prompt changes the other objects' state on that frame.
 4. is_init_cond_frame (tv:1845-1848): for the prompted object, True iff f is not in
    frames_tracked_per_obj[obj] (frames the object was tracked on by memory; conditioning frames are never
-   entered there, tv:1880). True -> current features + no_memory_embedding, memory ignored (tv:2528-2537), and
+   entered there, tv:1884). True -> current features + no_memory_embedding, memory ignored (tv:2525-2532), and
    the output is stored as a conditioning output. False -> memory-conditioned features, `reverse` is whatever
    `model()` was called with (default False: forward memory offsets, even if the frame was tracked backward),
    and the output is stored as NON-conditioning (there is no add_all_frames_to_correct_as_cond in transformers,
-   and no prev_sam_mask_logits: the earlier mask on that frame is not fed back, tv:2660).
+   and no prev_sam_mask_logits: the earlier mask on that frame is not fed back, tv:2674).
 5. Multimask (tv:2580-2588): multimask = multimask_output_in_sam and (is_init_cond_frame or
    multimask_output_for_tracking) and min_pt <= num_points <= max_pt, num_points counting box corners and all
    accumulated clicks (not the pad point). Tiny config (and the default): True, True, 0, 1 -> multimask for
    0 or 1 point (tracking without points and a single click), single mask (with dynamic multimask via
    stability) for >= 2 points, i.e. for any box and any accumulated click pair.
-   With multimask the best mask by IoU and its output token (pointer) are taken (tv:2142-2150); single-mask
-   with dynamic stability takes mask token 0's output token even if the stability rule picked another mask.
-6. Object score (tv:2128-2134): low-res masks are set to NO_OBJ_SCORE (-1024) where object_score_logit <= 0;
+   With multimask the best mask by IoU and its output token (pointer) are taken (tv:2144-2153); single-mask
+   with dynamic stability takes mask token 0's output token even if the stability rule picked another mask
+   (tv:1566-1573).
+6. Object score (tv:2124-2142): low-res masks are set to NO_OBJ_SCORE (-1024) where object_score_logit <= 0;
    high_res_masks = bilinear (align_corners=False) upsample of those low-res logits to S x S.
-7. Memory encoding (tv:1865-1870, tv:2753-2815, tv:2697-2751): after all objects ran, one batched
-   `_encode_new_memory` over every object that was (re)computed on f, from `high_res_masks` (S x S, then
-   antialiased bilinear down to 4 * L = mask memory size if different), binarised (> 0) for ALL of them if ANY
-   of them had point/mask inputs on this call (`is_mask_from_pts=any(...)`), else sigmoid; then * 20 - 10.
+7. Memory encoding (tv:1873-1878, tv:2753-2815, tv:2697-2751): after all objects ran, one batched
+   `_encode_new_memory` over every object that was (re)computed on f, from `high_res_masks` (S x S), resized
+   bilinear (antialias=True, align_corners=False) to the mask memory size 4 * L (L = 4 * S // 14: S x S ->
+   16 S/14, an UPsample: 112 -> 128 tiny, 1008 -> 1152 full, so antialias changes nothing), binarised (> 0)
+   for ALL of them if ANY of them had point/mask inputs on this call (`is_mask_from_pts=any(...)`, tv:2791),
+   else sigmoid; then * 20 - 10 (sigmoid_scale/bias_for_mem_enc). Features stored as bf16 as usual.
 8. propagate_in_video_iterator (tv:2817-2869): default start frame = the earliest conditioning frame of any
    object (not the earliest prompted frame: a click on an already-tracked frame is not a conditioning frame).
    Forward: start..min(start + max, T - 1), start included. Reverse: start down to max(start - max, 0), start
    INCLUDED (unlike Sam3VideoModel's reverse pass, which starts one frame earlier); reverse from start 0 yields
    NOTHING (not even frame 0). Each frame is `model(frame_idx=t, reverse=reverse)` as in 3.
+   (sam3track's contract defaults to the earliest PROMPTED frame: the same unless the earliest prompt is a
+   correction on a tracked frame.)
 9. A correcting click on a frame the object was already tracked on (4: is_init_cond_frame False) is stored as
    a non-conditioning output. A later propagation that reaches that frame (forward from the default start,
    which is earlier) re-tracks the object there WITHOUT the clicks (no new inputs, no conditioning output:
    tv:1835-1841) and overwrites the correction; only frames processed before that revisit can see it (as a
    non-conditioning memory / pointer). A click on a frame the object was NOT tracked on is a conditioning frame
-   and is reused unchanged whenever propagation passes it.
+   and is reused unchanged whenever propagation passes it. Measured (tests/test_interactive_parity.py scenario,
+   both clips, both directions): after a two-click correction on frame 20, re-propagating the whole pass gives
+   bit-identical outputs to the pass before the correction; a pass started at 21 (forward) or 19 (backward)
+   does follow it.
 10. Post-processing: the tracker-only model does none (no hole filling, no non-overlap, no suppression, no
     hotstart): all objects are reported on every frame (empty masks included, where the object score <= 0).
     The processor's post_process_masks (defaults) only upsamples the low-res logits bilinear
     (align_corners=False) to the video size and thresholds > 0; non-overlap is off by default.
 11. Objects that get their first input on a later frame are still tracked on earlier frames during forward
     propagation (from their conditioning memory, which lies in the future; their conditioning object pointers
-    are only used at or after that frame, tv:2378-2384).
+    are only used at or after that frame, tv:2385-2390).
 """
 
 from __future__ import annotations
