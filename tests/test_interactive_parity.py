@@ -215,6 +215,38 @@ def test_scenario_is_issue_9s(bikes_frames):
             assert 0 <= x0 < x1 < w and 0 <= y0 < y1 < h
 
 
+def test_comparison_accepts_the_reference_itself(tiny_bundle, reference_model):
+    """The comparison's plumbing, on the reference's own outputs as FrameResults (empty masks left out, as
+    sam3track may): every output compared, all ids accepted; a wrong id or score is caught."""
+    from sam3track.results import FrameResult
+
+    frames = synthetic_frames()[:24]
+    script = scenario(frames, "forward")
+    ref = run_reference_tracker(tiny_bundle, frames, script, sam3track.load(tiny_bundle), model=reference_model)
+
+    def as_result(out, drop_empty=True):
+        keep = [j for j in range(len(out.object_ids)) if out.masks[j].any() or not drop_empty]
+        n = len(keep)
+        return FrameResult(frame_index=out.frame_index, object_ids=np.array([out.object_ids[j] for j in keep]),
+                           scores=np.zeros(n, np.float32), boxes_xyxy=np.zeros((n, 4), np.float32),
+                           masks=out.masks[keep], prompts=[""] * n, tracker_probs=out.object_scores[keep])
+
+    ious, raw = [], []
+    for event in ref.events:
+        for out in ([event.result] if isinstance(event, PromptOutput) else event.frames):
+            compare(as_result(out), out, "self", ious, raw)
+    assert len(ious) >= 3 * 24 * 2 and min(ious) == 1.0
+    out = ref.propagations[0].frames[5]
+    wrong = as_result(out, drop_empty=False)
+    wrong.object_ids = wrong.object_ids[::-1].copy()
+    with pytest.raises(AssertionError, match="ids"):
+        compare(wrong, out, "swapped", [], [])
+    wrong = as_result(out, drop_empty=False)
+    wrong.tracker_probs = wrong.tracker_probs + 2e-3
+    with pytest.raises(AssertionError, match="prob"):
+        compare(wrong, out, "score", [], [])
+
+
 @pytest.mark.parametrize("direction", ["forward", "backward"])
 def test_interactive_parity_bikes(tiny_bundle, bikes_frames, reference_model, direction):
     assert_interactive_parity(tiny_bundle, bikes_frames, direction, reference_model)
