@@ -16,14 +16,14 @@ line numbers drift between releases):
 
 1. Coordinates (tp:179-207, tp:428-460): video pixels -> model-input pixels, x' = x * (S / W), y' = y * (S / H)
    (S = image_size; the Python-float ratio is applied to a float32 tensor), box corners likewise.
-   The prompt encoder then adds +0.5 and divides by S (tv:1287-1310); with boxes given as points it appends
-   one pad point (0, 0) with label -1 (pad=True because input_boxes is None, tv:1348).
+   The prompt encoder then adds +0.5 and divides by S (tv:1287-1310); the tracker always passes boxes as
+   points (input_boxes=None), so one pad point (0, 0) with label -1 is always appended (tv:1348).
 2. Point order (tp:701-711, tp:718-726): a box becomes two points [x0, y0], [x1, y1] with labels 2, 3 placed
    BEFORE the clicks of the same call. With clear_old_inputs=False the earlier points of that (object, frame)
    come first, then the new call's points (box corners, then clicks). A box with clear_old_inputs=False raises
    ValueError (tp:702): a box always replaces the frame's earlier points of that object. Mask inputs of that
    (object, frame) are dropped (tp:734). `obj_with_new_inputs` is REPLACED by the call's obj_ids (tp:736).
-3. Which objects run on `model(inference_session, frame_idx=f)` (tv:1826-1877): every object in the session,
+3. Which objects run on `model(inference_session, frame_idx=f)` (tv:1829-1884): every object in the session,
    one at a time with batch 1. An object without new inputs whose frame f is a conditioning frame reuses the
    stored output (no recompute, no memory encoding). Any other object without inputs on f is tracked with
    memory (is_init_cond_frame=False), stored as a NON-conditioning output for f, marked tracked, and its memory
@@ -69,7 +69,7 @@ line numbers drift between releases):
    does follow it.
 10. Post-processing: the tracker-only model does none (no hole filling, no non-overlap, no suppression, no
     hotstart): all objects are reported on every frame (empty masks included, where the object score <= 0).
-    The processor's post_process_masks (defaults) only upsamples the low-res logits bilinear
+    The processor's post_process_masks (defaults; models/sam3/image_processing_sam3.py:632-680) only upsamples the low-res logits bilinear
     (align_corners=False) to the video size and thresholds > 0; non-overlap is off by default.
 11. Objects that get their first input on a later frame are still tracked on earlier frames during forward
     propagation (from their conditioning memory, which lies in the future; their conditioning object pointers
