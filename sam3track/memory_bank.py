@@ -16,7 +16,7 @@ What is kept (the reference keeps every output forever; this keeps what a later 
   can no longer be selected (older than the `max_cond_frame_num` newest, more than num_maskmem-1
   frames back) is freed: frames only come later there;
 - non-conditioning entries are freed once they are too far behind the current frame for the next
-  frame in the same direction to read them. A later call that continues where the last one stopped
+  frame in the same direction, or a click on the current frame, to read them. A later call that continues where the last one stopped
   finds what the reference would; frames a later pass of the same call reads are pinned.
 """
 
@@ -340,6 +340,10 @@ class MemoryBank:
         cfg = self.config
         keep_memory = cfg.num_maskmem - 1
         keep_pointer = cfg.max_object_pointers_in_encoder - 1
+        if not streaming:
+            # One frame more than the next frame reads: a click on the frame just tracked (a
+            # refinement, which reads the frames before it) finds every memory the reference reads.
+            keep_memory, keep_pointer = keep_memory + 1, keep_pointer + 1
         for mem in self.objects.values():
             for t in list(mem.non_cond):
                 behind = (t - frame) if reverse else (frame - t)

@@ -7,15 +7,20 @@ them); its module docstring lists the semantics compared here. sam3track runs th
 (compared with the reference's immediate `model(frame_idx=...)` output) and `session.propagate(...)`.
 
 The scenario (issue 9): clicks on frame 0 (a positive click, then a negative click for the same object,
-accumulated; a second object from one click), a box on frame 10 (a third object), a click pair on frame 20
-for the box's object before any propagation (a new conditioning frame), then a propagation, then a
-correcting click (positive, then negative, accumulated) on frame 20 for the first object, which it was
-tracked on by then (memory-conditioned; the reference stores it as a non-conditioning output), then a
-propagation from the next frame in the same direction (frames 21.. or 19..0, which see the correction as a
-non-conditioning memory), then the first propagation again (which, in the reference, re-tracks frame 20
-without the clicks and so reproduces the first pass exactly: the correction is gone, see
-reference_tracker's note 9). "forward": propagations forward from the default start (frame 0); "backward":
-from the last frame backward (the reference's default start for reverse is frame 0, which yields nothing).
+accumulated; a second object from one click), a box on frame 10 (a third object), a correcting click pair on
+frame 20 for the box's object before any propagation (a new conditioning frame), then a propagation, then a
+correcting click pair (positive, then negative, accumulated) for the first object on the frame the pass
+ended on, which it was tracked on (memory-conditioned). "forward": the propagation runs forward from the
+default start (frame 0); "backward": from the last frame backward.
+
+Two behaviours differ from the reference by design or by bounded memory, and are asserted as such:
+- a correction on a frame tracked long before (its memories already freed by the bounded memory bank, which
+  keeps what the next frame, or a click on the frame just tracked, reads) is computed from the memories
+  still held; the reference keeps every output forever and reads the six frames before it
+  (test_a_correction_after_its_memories_were_freed_differs, a strict xfail);
+- a correction is kept as a conditioning frame, so re-propagating keeps it; the reference stores a
+  correction of a tracked frame as an ordinary tracked output and its next pass over that frame drops it
+  (test_a_correction_survives_repropagation_where_the_reference_drops_it).
 
 Click positions come from the video content alone (never from either model's output): the frame is
 median-filtered, quantised to 4 levels per channel, split into connected regions, and each region's "depth"
@@ -94,21 +99,30 @@ def _best_overlap(candidates: list[Region], mask: np.ndarray) -> Region:
     return max(candidates, key=lambda r: ((r.mask & mask).sum() / (r.mask | mask).sum(), r.depth))
 
 
-def scenario(frames: np.ndarray, direction: str) -> list[dict]:
-    """Issue 9's script, click positions from the content (see the module docstring)."""
+def correction_frame(frames: np.ndarray, direction: str) -> int:
+    """Where the pass of `direction` ends, so the object was just tracked there: the last frame forward;
+    frame 1 backward (frame 0 is the first object's initial conditioning frame, where a click starts it
+    over rather than refining it)."""
+    return len(frames) - 1 if direction == "forward" else 1
+
+
+def scenario(frames: np.ndarray, direction: str, correct_on: int | None = None) -> list[dict]:
+    """Issue 9's script, click positions from the content (see the module docstring): the prompts, one
+    pass, then a correcting click pair for the first object on `correct_on` (default: the frame the
+    pass ended on, see correction_frame)."""
     r0, r10, r20 = regions(frames[0]), regions(frames[10]), regions(frames[20])
     a, b, neg_a = r0[0], r0[1], r0[2]                     # the three deepest regions of frame 0
     c = next(r for r in r10 if not (r.mask & (a.mask | b.mask)).any())  # new content on frame 10
     a20 = _best_overlap(r20, a.mask)                      # where region a is on frame 20
     c20 = _best_overlap([r for r in r20 if r is not a20], c.mask)  # where the box's content is on frame 20
     neg_c = next(r for r in r20 if r not in (a20, c20) and not _in_box(c.box, r.point))
-    neg_a20 = next(r for r in r20 if r not in (a20, c20, neg_c) and not _contains(a, r.point))
+    f = correction_frame(frames, direction) if correct_on is None else correct_on
+    rf = regions(frames[f])
+    af = _best_overlap(rf, a.mask)                        # where region a is on the corrected frame
+    neg_af = next(r for r in rf if r is not af and not _contains(a, r.point))
     last = len(frames) - 1
     propagate = (dict(propagate="forward") if direction == "forward"
                  else dict(propagate="backward", start_frame=last))
-    # from the frame after the correction, in the pass's direction: those frames see it (non-conditioning memory)
-    follow = (dict(propagate="forward", start_frame=21) if direction == "forward"
-              else dict(propagate="backward", start_frame=19))
     return [
         dict(frame=0, obj_id=1, points=[a.point], labels=[1]),
         dict(frame=0, obj_id=1, points=[neg_a.point], labels=[0]),          # accumulates: 2 points
@@ -116,10 +130,8 @@ def scenario(frames: np.ndarray, direction: str) -> list[dict]:
         dict(frame=10, obj_id=3, box=list(c.box), clear_old=True),
         dict(frame=20, obj_id=3, points=[c20.point, neg_c.point], labels=[1, 0]),  # untracked: conditioning
         propagate,
-        dict(frame=20, obj_id=1, points=[a20.point], labels=[1]),           # tracked frame: a correction
-        dict(frame=20, obj_id=1, points=[neg_a20.point], labels=[0]),
-        follow,
-        dict(propagate),  # the whole pass again: the reference re-tracks frame 20 without the clicks
+        dict(frame=f, obj_id=1, points=[af.point], labels=[1]),             # tracked frame: a correction
+        dict(frame=f, obj_id=1, points=[neg_af.point], labels=[0]),
     ]
 
 
@@ -202,10 +214,12 @@ def test_scenario_is_issue_9s(bikes_frames):
         for direction in ("forward", "backward"):
             script = scenario(frames, direction)
             prompts = [s for s in script if "propagate" not in s]
-            assert [s["frame"] for s in prompts] == [0, 0, 0, 10, 20, 20, 20]
+            f = correction_frame(frames, direction)
+            assert [s["frame"] for s in prompts] == [0, 0, 0, 10, 20, f, f]
             assert any(0 in s.get("labels", []) for s in prompts)                  # negative clicks
             assert [s["obj_id"] for s in prompts if s.get("box")] == [3]           # a box on frame 10
-            assert {s["obj_id"] for s in prompts if s["frame"] == 20} == {1, 3}     # corrections on 20
+            assert [s["obj_id"] for s in prompts if s["frame"] == 20] == [3]        # a correction on 20
+            assert [s["obj_id"] for s in prompts[-2:]] == [1, 1]                  # and one after the pass
             for obj_id, frame in {(s["obj_id"], s["frame"]) for s in prompts}:  # one object's clicks differ
                 points = [tuple(p) for s in prompts if (s["obj_id"], s["frame"]) == (obj_id, frame)
                           for p in s.get("points") or []]
@@ -235,7 +249,7 @@ def test_comparison_accepts_the_reference_itself(tiny_bundle, reference_model):
     for event in ref.events:
         for out in ([event.result] if isinstance(event, PromptOutput) else event.frames):
             compare(as_result(out), out, "self", ious, raw)
-    assert len(ious) >= 3 * 24 * 2 and min(ious) == 1.0
+    assert len(ious) >= 3 * 24 and min(ious) == 1.0  # three objects over one 24-frame pass, at least
     out = ref.propagations[0].frames[5]
     wrong = as_result(out, drop_empty=False)
     wrong.object_ids = wrong.object_ids[::-1].copy()
@@ -255,3 +269,45 @@ def test_interactive_parity_bikes(tiny_bundle, bikes_frames, reference_model, di
 @pytest.mark.parametrize("direction", ["forward", "backward"])
 def test_interactive_parity_synthetic(tiny_bundle, reference_model, direction):
     assert_interactive_parity(tiny_bundle, synthetic_frames(), direction, reference_model)
+
+
+def _correction_after_the_pass(bundle, frames, model, correct_on):
+    script = scenario(frames, "forward", correct_on=correct_on)
+    predictor = sam3track.load(bundle)
+    ref = run_reference_tracker(bundle, frames, script, predictor, model=model)
+    return script, ref, run_sam3track(bundle, frames, script)
+
+
+@pytest.mark.xfail(strict=True, reason="bounded memory: after a pass over the whole clip the memories of frames "
+                   "14..19 are freed; the reference keeps them and reads them when frame 20 is corrected")
+def test_a_correction_after_its_memories_were_freed_differs(tiny_bundle, bikes_frames, reference_model):
+    script, ref, ours = _correction_after_the_pass(tiny_bundle, bikes_frames, reference_model, correct_on=20)
+    ious = []
+    for n in (6, 7):  # the two correcting clicks' immediate results
+        compare(ours[n][0], ref.events[n].result, f"step {n}", ious, [])
+
+
+def test_a_correction_survives_repropagation_where_the_reference_drops_it(tiny_bundle, reference_model):
+    frames = synthetic_frames()
+    last = len(frames) - 1
+    script = scenario(frames, "forward", correct_on=20) + [dict(propagate="forward")]
+    predictor = sam3track.load(tiny_bundle)
+    ref = run_reference_tracker(tiny_bundle, frames, script, predictor, model=reference_model)
+    ours = run_sam3track(tiny_bundle, frames, script)
+
+    def mask_on_20(result_list, obj_id, masks_of):
+        return next(masks_of(r, obj_id) for r in result_list if r.frame_index == 20)
+
+    def our_mask(r, obj_id):
+        return r.masks[r.object_ids.tolist().index(obj_id)]
+
+    def ref_mask(r, obj_id):
+        return r.masks[r.object_ids.index(obj_id)]
+
+    corrected = our_mask(ours[7][0], 1)
+    first_pass = mask_on_20(ours[5], 1, our_mask)
+    assert not np.array_equal(corrected, first_pass), "the correction must change the mask"
+    assert np.array_equal(mask_on_20(ours[8], 1, our_mask), corrected)  # kept: a conditioning frame
+    # the reference's next pass re-tracks frame 20 without the clicks: its first pass again
+    assert np.array_equal(mask_on_20(ref.events[8].frames, 1, ref_mask), mask_on_20(ref.events[5].frames, 1, ref_mask))
+    assert 20 not in ref.conditioning[1] and last > 20
