@@ -79,7 +79,7 @@ def best_of(masks, iou, tokens):
     this is its per-row meaning.
     """
     best = torch.argmax(iou, dim=-1)  # [N]
-    rows = torch.arange(masks.shape[0])
+    rows = torch.arange(iou.shape[0])  # not masks' shape: a graph that needs only the token drops the masks
     return masks[rows, best][:, None], tokens[rows, best]
 
 

@@ -18,8 +18,8 @@ from sam3track.errors import Sam3TrackError
 from .conftest import REPO
 
 SHIPPED = REPO / "sam3track" / "demo_bundle"
-# Sizes of the symbolic axes for the seeded inputs: other than the exporter's trace sizes (all 2).
-SIZES = dict(prompts=3, images=1, objects=3, memories=4, pointers=5)
+# Sizes of the symbolic axes for the seeded inputs: other than the exporter's trace sizes (2, points 3).
+SIZES = dict(prompts=3, images=1, objects=3, memories=4, pointers=5, points=4)
 
 
 def _manifest(bundle: Path) -> dict:

@@ -32,6 +32,31 @@ def test_every_graph_matches_the_reference_at_every_size(tiny_bundle):
     assert {c for g, c in cases if g == "propagation_decoder" and c.startswith("N=3 ")} >= {
         f"N=3 K={k} P={2 * k - 1}" for k in range(1, 11)} | {f"N=3 K=10 P={p_max}"}
     assert {c for g, c in cases if g == "grounding_head"} == {"K=1", "K=2", "K=5"}
+    # clicks and boxes: one click, clicks with negatives, a box alone, a box + clicks; 1, 4 and 8 objects;
+    # every (use_memory, multimask) combination in every multi-object call, the largest K and P once
+    interactive = [c for g, c in cases if g == "interactive_decoder"]
+    for prompt in ("click", "clicks", "box", "box+clicks"):
+        assert f"{prompt} N=1 K=2 P=3" in {c.rsplit(" ", 1)[0] for c in interactive}
+        assert any(c.startswith(f"{prompt} N=4 ") and {"00", "01", "10", "11"} == set(c.split()[-1].split(","))
+                   for c in interactive)
+    assert {c.split()[-1] for c in interactive if " N=1 " in c} == {"00", "01", "10", "11"}
+    assert any(c.startswith(f"box+clicks N=8 K=10 P={p_max} ") for c in interactive)
+    encoder = {c for g, c in cases if g == "memory_encoder"}
+    assert {"N=3 binarize=1 via_image=1", "N=3 high_res_masks via_image=1"} <= encoder
+
+
+def test_interactive_single_mask_rows_when_the_mask_is_stable(tiny_bundle, tmp_path):
+    """The seeded model's single-mask output is never stable (stability < 0.98), so the decoder always
+    falls back to the best multimask mask and graphs.check sees only that path for multimask=0 rows.
+    With a stability threshold of 0 every single-mask row keeps mask token 0: that path is checked here."""
+    ck = tmp_path / "ck"
+    shutil.copytree(tiny_bundle / "source", ck)
+    cfg = json.loads((ck / "config.json").read_text())
+    cfg["tracker_config"]["mask_decoder_config"]["dynamic_multimask_stability_thresh"] = 0.0
+    (ck / "config.json").write_text(json.dumps(cfg))
+    out = export.export_bundle(ck, tmp_path / "stable", log=lambda *_: None)
+    rows = run_checks(out, graphs=["interactive_decoder"], log=lambda *_: None)
+    assert rows and all(r.ok for r in rows), [(r.case, r.output, r.rel) for r in rows if not r.ok]
 
 
 def test_manifest_describes_graphs_tokenizer_and_source(tiny_bundle):
@@ -45,6 +70,12 @@ def test_manifest_describes_graphs_tokenizer_and_source(tiny_bundle):
     source_config = json.loads((tiny_bundle / "source" / "config.json").read_text())
     for name in ("new_det_thresh", "hotstart_delay", "score_threshold_detection"):
         assert m["config"]["heuristics"][name] == source_config[name]
+    for name in ("multimask_output_in_sam", "multimask_output_for_tracking", "multimask_min_pt_num",
+                 "multimask_max_pt_num"):
+        assert m["config"]["tracker"][name] == source_config["tracker_config"][name]
+    inputs = {g: [t["name"] for t in m["graphs"][g]["inputs"]] for g in ("interactive_decoder", "memory_encoder")}
+    assert inputs["interactive_decoder"][-4:] == ["use_memory", "point_coords", "point_labels", "multimask"]
+    assert inputs["memory_encoder"][-1] == "via_image"
     assert m["tokenizer"]["max_length"] == 32 and (tiny_bundle / "tokenizer" / "tokenizer.json").is_file()
     assert m["source"]["checkpoint"] == "source" and m["source"]["weights_sha256"]
     assert m["exporter"]["torch"].startswith("2.13.0")
