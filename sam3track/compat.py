@@ -32,7 +32,7 @@ Request types and fields are the official ones (``sam3_base_predictor.py``); out
   memory).
 - ``propagate_in_video``: ``propagation_direction`` ("both" by default), ``start_frame_index``
   (default: the earliest prompted frame), ``max_frame_num_to_track`` M: the start frame and up to M
-  more frames in each direction, as the official forward pass counts them.
+  more frames in each direction, as the official counts them.
 - ``remove_object`` returns ``{"frame_index", "outputs"}`` with empty outputs, as the official SAM 3
   model does; ``reset_session``, ``cancel_propagation`` and ``close_session`` return
   ``{"is_success": True}``; closing a session twice (or an unknown one) is fine, as official.
@@ -142,10 +142,16 @@ class OfficialPredictor:
         if direction not in ("both", "forward", "backward"):
             raise RequestError(f"propagate_in_video: invalid propagation_direction {shown(direction)}; one of "
                                "'both', 'forward', 'backward'")
-        stream = session.propagate(direction=direction, start_frame=start,
-                                   max_frames=None if limit is None else int(limit) + 1)
+        if direction == "backward":  # the official backward pass starts one frame before the start frame
+            first = session.first_prompted_frame if start is None else start
+            if first == 0 or limit == 0:
+                return iter(())
+            stream = session.propagate(direction="backward", start_frame=first - 1, max_frames=limit)
+        else:  # forward: the start frame and M more; "both": then M frames before it (see _responses)
+            stream = session.propagate(direction=direction, start_frame=start,
+                                       max_frames=None if limit is None else int(limit) + 1)
         self._streams[session_id] = stream
-        return self._responses(session_id, stream)
+        return self._responses(session_id, stream, limit if direction == "both" and limit is not None else None)
 
     def _check_request(self, request, fields: dict, method: str) -> str:
         if not isinstance(request, dict):
@@ -334,9 +340,15 @@ class OfficialPredictor:
             session.close()
         return {"is_success": True}
 
-    def _responses(self, session_id: str, stream) -> Iterator[dict]:
+    def _responses(self, session_id: str, stream, reach_back: int | None = None) -> Iterator[dict]:
+        """reach_back: in "both", the backward pass ends M frames before the start frame (the first one
+        yielded), as the official's does with max_frame_num_to_track=M."""
+        start = None
         try:
             for result in stream:
+                start = result.frame_index if start is None else start
+                if reach_back is not None and result.frame_index < start - reach_back:
+                    break
                 yield {"frame_index": int(result.frame_index), "outputs": result.to_official()}
         finally:
             if self._streams.get(session_id) is stream:

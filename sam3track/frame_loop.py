@@ -279,6 +279,14 @@ class FrameLoop:
             out.user_objects.add(obj_id)
 
     # ------------------------------------------------------------------------- clicks and boxes
+    def check_points(self, count: int, frame: int) -> None:
+        """A static-shape backend runs only the point counts compiled in; padding a prompt with fake
+        points would change its result, so any other count is a CapacityError."""
+        if self.backend.plan(self.graphs["interactive_decoder"], "points", count) != count:
+            raise CapacityError(f"a prompt of {count} points (box corners included) on frame {frame}: the "
+                                f"interactive_decoder was not compiled for {count} points; convert the bundle "
+                                "with --gears points=... including that count")
+
     def apply_clicks(self, features, frame: int, requests: list[ClickRequest], num_frames: int | None) -> FrameOutput:
         """A prompt call (transformers `Sam3TrackerVideoModel.forward` on a frame with new inputs): the
         prompted objects through the interactive decoder, stored as conditioning frames; every other
@@ -290,10 +298,7 @@ class FrameLoop:
         for count in sorted({len(r.labels) for r in requests}):
             group = [r for r in requests if len(r.labels) == count]
             ids = [r.obj_id for r in group]
-            if b.plan(graph, "points", count) != count:  # a padding point would change the result
-                raise CapacityError(f"a prompt of {count} points (box corners included) on frame {frame}: the "
-                                    f"interactive_decoder was not compiled for {count} points; convert the bundle "
-                                    "with --gears points=... including that count")
+            self.check_points(count, frame)
             afresh = frozenset(r.obj_id for r in group if not r.use_memory)
             query = bank.query(ids, frame, False, num_frames, exclude_frame=True, empty=afresh)
             where = f"frame {frame}"
@@ -301,7 +306,10 @@ class FrameLoop:
             p = fixed_size(b, graph, "pointers", query.pointers, where, "lower max_conditioning_frames")
             coords = np.stack([r.coords for r in group]).astype(np.float32)
             labels = np.stack([r.labels for r in group]).astype(np.int32)
-            use_memory = np.asarray([r.use_memory for r in group], np.float32)
+            # a refinement with no memory left to read (all of it freed) starts the object afresh:
+            # attention over nothing but padding has no defined result
+            held = (query.memory_valid.sum(axis=1) + query.pointer_valid.sum(axis=1)) > 0
+            use_memory = np.asarray([r.use_memory for r in group], np.float32) * held
             multimask = np.asarray([r.multimask for r in group], np.float32)
             rows = bank.pointers.allocate(len(ids))
             raw = np.zeros((len(ids), size, size), np.float32)

@@ -208,20 +208,23 @@ class Session:
                               f"{self.config.max_num_objects}; remove an object first or load with a larger "
                               "max_num_objects")
         merged = self.clicks.merged(obj_id, frame_index, click, clear_old, where)
+        self.loop.check_points(len(merged), frame_index)
         # everything is checked: from here on the session changes
         if new:
             objects.add(TrackedObject(obj_id=obj_id, prompt=-1, first_frame=frame_index, score=1.0,
                                       keep_alive=self.config.init_trk_keep_alive, last_visible=frame_index,
                                       interactive=True))
         obj = objects[obj_id]
-        if not obj.interactive:  # a text-detected object refined by the user: its detections yield
-            self.bank.drop_detector_conditioning(obj_id, frame_index, self.config.refinement_cond_frame_window)
         obj.interactive, obj.score = True, 1.0  # the official predictor scores user-prompted objects 1.0
         self.clicks.store(obj_id, frame_index, merged)
         is_init = frame_index not in obj.tracked_frames
         request = ClickRequest(obj_id, merged.model_coords(self.config.image_size, h, w), merged.labels,
                                use_memory=not is_init, multimask=use_multimask(self.config, is_init, len(merged)))
         out = self.loop.apply_clicks(self._click_features(frame_index), frame_index, [request], self.num_frames)
+        # a text-detected object corrected by the user: the detector-made conditioning frames near the
+        # correction yield to it (dropped after the correction, which read them, as the official
+        # predictor does; a clicked object has none)
+        self.bank.drop_detector_conditioning(obj_id, frame_index, self.config.refinement_cond_frame_window)
         return self._result(out, h, w)
 
     TRACKER_HEAD = ("tracker_feat_s0", "tracker_feat_s1", "tracker_feat")
@@ -326,6 +329,11 @@ class Session:
     def _result(self, out: FrameOutput, height: int, width: int, hidden: set[int] = frozenset()) -> FrameResult:
         return build_result(out, self.prompts, height, width, hidden)
 
+    @property
+    def first_prompted_frame(self) -> int:
+        """The earliest frame a text prompt, click or box was given on (0 without prompts)."""
+        return min(self._prompt_frames + sorted(self.clicks.frames()), default=0)
+
     def propagate(self, direction: str = "forward", start_frame: int | None = None,
                   max_frames: int | None = None) -> Iterator[FrameResult]:
         """Track through the video, yielding one FrameResult per frame in processing order.
@@ -343,7 +351,7 @@ class Session:
             raise ArgumentError(f"direction must be one of {', '.join(map(repr, DIRECTIONS))}, not {shown(direction)}")
         n = self.num_frames
         if start_frame is None:
-            first_prompted = min(self._prompt_frames + sorted(self.clicks.frames()), default=0)
+            first_prompted = self.first_prompted_frame
             start_frame = first_prompted if direction != "backward" else max(first_prompted, n - 1)
         self._check_frame(start_frame, "start_frame")
         if max_frames is not None and (not _is_int(max_frames) or max_frames < 1):

@@ -130,3 +130,35 @@ def test_64_objects_on_an_om_bundle_compiled_up_to_16_equal_the_unchunked_run(ti
         assert emu.stats.executes["propagation_decoder.om"] >= 4 * (len(frames) - 1)  # >= 64 objects a frame
     assert len(want[0]) == 64 and calls["sizes:propagation_decoder"] == {16}
     assert_same_tracks(got, want)
+
+
+def clicks_run(bundle, frames, **load_options):
+    """Clicks, a negative click, a box, a text prompt, a pass and a correction on the frame it ended on:
+    every result in order (the prompt calls' own results included)."""
+    with sam3track.load(bundle, **load_options) as predictor, predictor.start_session(frames) as s:
+        out = [s.add_prompt(frame_index=0, points=[[200, 120], [420, 60]], labels=[1, 0])]
+        out.append(s.add_prompt(frame_index=0, points=[[250, 140]], obj_id=0))  # accumulates: 3 points
+        out.append(s.add_prompt(frame_index=5, boxes=[300, 80, 500, 220]))      # 2 points
+        s.add_prompt(frame_index=0, text=PROMPTS[1])
+        out += list(s.propagate())
+        out.append(s.add_prompt(frame_index=len(frames) - 1, points=[[210, 130]], obj_id=0))
+        return out, dict(predictor.backend.calls)
+
+
+def test_clicks_and_boxes_on_the_emulator_match_unplanned_onnxruntime(tiny_bundle, om_bundle, bikes_frames):
+    frames = bikes_frames[:12]
+    want, _ = clicks_run(tiny_bundle, frames, **OPTIONS)
+    with install() as emu:
+        got, calls = clicks_run(om_bundle, frames, backend="acl", device="npu:0", **OPTIONS)
+        assert emu.stats.live_allocations == 0 and not emu.stats.leaks
+    assert calls["interactive_decoder"] == 4
+    assert_same_tracks(got, want)
+
+
+def test_a_prompt_of_more_points_than_any_gear_names_the_gears(om_bundle, bikes_frames):
+    with install(), sam3track.load(om_bundle, backend="acl", device="npu:0") as predictor:
+        with predictor.start_session(bikes_frames[:3]) as s:
+            points = [[10 + 20 * i, 100] for i in range(17)]
+            with pytest.raises(sam3track.CapacityError, match="not compiled for 17 points"):
+                s.add_prompt(frame_index=0, points=points)
+            assert s.add_prompt(frame_index=0, points=points[:2]).frame_index == 0  # still usable

@@ -124,8 +124,9 @@ def test_memory_stays_bounded_on_a_long_run(tiny_bundle):
                 cond = set(h["conditioning"])
                 assert len(cond) <= cfg.max_conditioning_frames
                 recent = set(h["spatial_memory"]) - cond
-                assert all(0 <= r.frame_index - t < cfg.num_maskmem - 1 for t in recent), (obj_id, recent, r.frame_index)
-                assert all(0 <= r.frame_index - t < cfg.max_object_pointers_in_encoder - 1
+                # what the next frame reads, and one frame more: what a click on this frame reads
+                assert all(0 <= r.frame_index - t < cfg.num_maskmem for t in recent), (obj_id, recent, r.frame_index)
+                assert all(0 <= r.frame_index - t < cfg.max_object_pointers_in_encoder
                            for t in set(h["pointers"]) - cond)
             usage = s.memory_usage()
             assert usage["memory_rows"] == sum(len(h["spatial_memory"]) for h in held.values())
