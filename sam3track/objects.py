@@ -43,6 +43,9 @@ class FrameSpans:
     def __contains__(self, frame: int) -> bool:
         return any(a <= frame <= b for a, b in self.runs)
 
+    def __eq__(self, other) -> bool:
+        return isinstance(other, FrameSpans) and self.runs == other.runs
+
     def __repr__(self) -> str:
         return f"FrameSpans({self.runs})"
 
@@ -74,7 +77,6 @@ class TrackedObject:
 class ObjectRegistry:
     objects: dict[int, TrackedObject] = field(default_factory=dict)  # live ids in tracker (batch) order
     max_obj_id: int = -1  # ids are never reused, even after removal
-    dropped: set[int] = field(default_factory=set)  # ids removed so far (a user may not give them again)
 
     @property
     def obj_ids(self) -> list[int]:
@@ -98,13 +100,11 @@ class ObjectRegistry:
 
     def drop(self, obj_id: int) -> None:
         """Forget an object. Duplicate counts that others hold against it stay, frozen, as in the reference."""
-        if self.objects.pop(obj_id, None) is not None:
-            self.dropped.add(obj_id)
+        self.objects.pop(obj_id, None)
 
     def detector_view(self) -> "ObjectRegistry":
         """The objects the detector's heuristics manage (not interactive), sharing the id counter."""
-        return ObjectRegistry({o: obj for o, obj in self.objects.items() if not obj.interactive}, self.max_obj_id,
-                              self.dropped)
+        return ObjectRegistry({o: obj for o, obj in self.objects.items() if not obj.interactive}, self.max_obj_id)
 
     def prompt_of(self, obj_id: int, default: int = -1) -> int:
         obj = self.objects.get(obj_id)

@@ -198,9 +198,10 @@ class Session:
         elif not _is_int(obj_id) or obj_id < 0:
             raise ObjectIdError(f"{where}: obj_id {shown(obj_id)} must be a whole number >= 0 (or None for a new "
                                 "object)")
-        elif obj_id in objects.dropped:
-            raise ObjectIdError(f"{where}: object {obj_id} was removed from this session and ids are never reused; "
-                                f"give a new id (e.g. {objects.max_obj_id + 1}) or obj_id=None")
+        elif obj_id not in objects and obj_id <= objects.max_obj_id:
+            raise ObjectIdError(f"{where}: object {obj_id} is not tracked, and ids are never reused: a new object's "
+                                f"id must be above {objects.max_obj_id}, the largest used so far; give obj_id=None "
+                                "for the next free one")
         obj_id = int(obj_id)
         new = obj_id not in objects
         if new and len(objects) >= self.config.max_num_objects:

@@ -197,7 +197,7 @@ def test_remove_prompt_and_reset(predictor, frames):
     (dict(points=[], boxes=[]), sam3track.PromptError, "no point and no box"),
     (dict(points=[[10, 10]], frame_index=99), sam3track.FrameIndexError, "frame index 99 is out of range"),
     (dict(points=[[10, 10]], obj_id=-3), sam3track.ObjectIdError, "obj_id -3 must be a whole number"),
-    (dict(points=[[10, 10]], obj_id=0), sam3track.ObjectIdError, "object 0 was removed"),
+    (dict(points=[[10, 10]], obj_id=0), sam3track.ObjectIdError, "object 0 is not tracked, and ids are never reused"),
     (dict(points=[[10, 10]], text="bike"), sam3track.PromptError, "not both"),
     (dict(points=[["a", 10]]), sam3track.PromptError, "must be numbers"),
     (dict(points=[[float("nan"), 10]]), sam3track.PromptError, "not a finite number"),
