@@ -335,10 +335,14 @@ def track_videos(
             video, actor = pending.pop(ref)
             try:
                 summary = ray.get(ref)
-            except ray.exceptions.RayError as e:  # the worker died more times than retried
+            except ray.exceptions.RayError as e:
                 first = (str(e).strip().splitlines() or [type(e).__name__])[0]
-                summary = VideoSummary(str(video), "failed", settings=settings,
-                                       reason=f"worker died {MAX_TASK_RETRIES + 1} times: {first}")
+                if "creation task" in first:  # the worker could not load the bundle: no video can run
+                    lines = [ln.strip() for ln in str(e).strip().splitlines() if ln.strip()]
+                    raise CliError(f"a worker could not start: {lines[-1]}") from None
+                if isinstance(e, ray.exceptions.RayActorError):  # died more often than retried
+                    first = f"the worker died (tried {MAX_TASK_RETRIES + 1} times at most): {first}"
+                summary = VideoSummary(str(video), "failed", settings=settings, reason=first)
             idle.append(actor)
             ledger.write(summary.to_json() + "\n")
             ledger.flush()

@@ -227,3 +227,26 @@ def test_interrupted_cli_resumes_without_redoing(
     assert read_ledger(out).keys() == {str(p) for p in clips["good"]}
     _check_outputs_equal_track(out, clips["good"], references)
     _no_partials(out)
+
+
+def test_a_bundle_no_worker_can_load_stops_the_run(
+    cluster: None, clips: dict[str, list[Path]], tmp_path: Path
+) -> None:
+    import shutil
+
+    from sam3track.commands.common import CliError
+
+    bundle = tmp_path / "bundle"
+    shutil.copytree(demo_bundle_path(), bundle)
+    (bundle / "backbone.onnx").write_bytes(b"not a graph")
+    with pytest.raises(CliError, match="a worker could not start: .*checksum mismatch"):
+        list(track_videos(clips["good"][:2], PROMPTS, bundle, tmp_path / "out", workers=2))
+    assert _ledger_lines(tmp_path / "out") == []  # not the videos' fault: nothing recorded
+
+
+def test_the_runtime_does_not_import_ray() -> None:
+    code = ("import sys, sam3track, sam3track.cli, sam3track.batch; "
+            "sam3track.cli.build_parser(); print('ray' in sys.modules)")
+    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert out.stdout.strip() == "False", out.stderr
