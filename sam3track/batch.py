@@ -320,6 +320,8 @@ def track_videos(
     actors = [worker_class.remote(str(bundle_dir), backend, worker_device, dict(overrides or {}),
                                   threads, hooks) for _ in range(min(workers, len(todo)))]
     ledger = open(out / LEDGER_NAME, "a", encoding="utf-8")
+    if ledger.tell() and not (out / LEDGER_NAME).read_bytes().endswith(b"\n"):
+        ledger.write("\n")  # a line torn by a crash stays alone (read_ledger skips it)
     pending: dict[Any, tuple[Path, Any]] = {}
     queue = list(reversed(todo))
     idle = list(actors)

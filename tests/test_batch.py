@@ -250,3 +250,16 @@ def test_the_runtime_does_not_import_ray() -> None:
     env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
     assert out.stdout.strip() == "False", out.stderr
+
+
+def test_a_torn_ledger_line_is_skipped_and_not_glued_to(
+    cluster: None, clips: dict[str, list[Path]], references: dict, tmp_path: Path
+) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / LEDGER_NAME).write_text('{"video": "/x.mp4", "status": "do')  # a crash mid-line
+    assert read_ledger(out) == {}
+    summaries = list(track_videos(clips["good"][:1], PROMPTS, demo_bundle_path(), out))
+    assert [s.status for s in summaries] == ["done"]
+    assert set(read_ledger(out)) == {str(clips["good"][0])}
+    _check_outputs_equal_track(out, clips["good"][:1], references)
