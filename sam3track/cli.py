@@ -59,6 +59,14 @@ def _int_at_least(minimum: int):
     return parse
 
 
+class _Paragraphs(argparse.HelpFormatter):
+    """Wraps a description like the default formatter, keeping its paragraphs (marked by NUL)."""
+
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        return "\n\n".join(super(_Paragraphs, self)._fill_text(part, width, indent)
+                           for part in text.split("\0"))
+
+
 class _OneLineErrors(argparse.ArgumentParser):
     """Usage mistakes reported like every other user error: one ``error:`` line, exit 2."""
 
@@ -165,8 +173,8 @@ def build_parser() -> argparse.ArgumentParser:
             "failed. A worker that dies is replaced and its video redone from the start.\n\n"
             "exit codes: 0 all done, 1 some videos failed (see the table and the ledger), 2 bad "
             "arguments, 130 Ctrl-C (what finished is in the ledger)"
-        ),
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        ).replace("\n\n", "\0"),
+        formatter_class=_Paragraphs,
     )
     batch.add_argument("inputs", nargs="+", type=Path, metavar="INPUTS",
                        help="video files, folders (searched recursively for videos) or .txt files "
