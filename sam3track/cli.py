@@ -4,6 +4,8 @@
                     [--json OUT.json] [--masks-dir DIR] [--start-frame N] [--max-frames N]
                     [--keep-timestamps] [--obj-id ID] [--point FRAME:X,Y[:LABEL] ...]
                     [--box FRAME:X0,Y0,X1,Y1 ...]
+    sam3track batch INPUTS... --prompt TEXT [--prompt TEXT ...] --bundle DIR --out DIR
+                    [--workers N] [--address auto|ray://HOST:PORT] [--outputs mp4,json,png]
     sam3track demo [-o OUT.mp4] [--max-frames N]
     sam3track info BUNDLE
 
@@ -26,6 +28,7 @@ from typing import NoReturn
 
 import sam3track
 from sam3track.commands.common import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_OK, CliError
+from sam3track.commands.batch import cmd_batch
 from sam3track.commands.demo import DEMO_MAX_FRAMES, cmd_demo, demo_clip
 from sam3track.commands.info import cmd_info
 from sam3track.commands.prompts import BOX_FORM, POINT_FORM, GeometricAction
@@ -54,6 +57,14 @@ def _int_at_least(minimum: int):
         return value
 
     return parse
+
+
+class _Paragraphs(argparse.HelpFormatter):
+    """Wraps a description like the default formatter, keeping its paragraphs (marked by NUL)."""
+
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        return "\n\n".join(super(_Paragraphs, self)._fill_text(part, width, indent)
+                           for part in text.split("\0"))
 
 
 class _OneLineErrors(argparse.ArgumentParser):
@@ -148,6 +159,47 @@ def build_parser() -> argparse.ArgumentParser:
                        help="override a threshold or heuristic of the bundle's configuration, e.g. "
                             "--set new_det_thresh=0.6 (names: sam3track/config.py); repeat for several")
     track.set_defaults(func=cmd_track, geometric=[], usage_error=track.error)
+
+    batch = sub.add_parser(
+        "batch",
+        help="track text prompts through many videos on Ray workers (pip install 'sam3track[ray]')",
+        description=(
+            "Track the prompts through every input video on --workers Ray workers, each holding "
+            "one predictor loaded once. Without --address a local Ray starts in this process; "
+            "with it the run joins that cluster (ray start --head on the first host). Outputs per "
+            "video: OUT/<stem>-<hash>.masks.mp4 (+ .json, .masks/ PNGs), the hash from the input's "
+            "path, written as sam3track track writes them. OUT/ledger.jsonl records each video "
+            "done or failed; running the same command again skips what is done and retries what "
+            "failed. A worker that dies is replaced and its video redone from the start.\n\n"
+            "exit codes: 0 all done, 1 some videos failed (see the table and the ledger), 2 bad "
+            "arguments, 130 Ctrl-C (what finished is in the ledger)"
+        ).replace("\n\n", "\0"),
+        formatter_class=_Paragraphs,
+    )
+    batch.add_argument("inputs", nargs="+", type=Path, metavar="INPUTS",
+                       help="video files, folders (searched recursively for videos) or .txt files "
+                            "listing one path a line")
+    batch.add_argument("--prompt", "-p", action="append", required=True, metavar="TEXT",
+                       help="what to find; repeat for several")
+    batch.add_argument("--bundle", "-b", type=Path, required=True, metavar="DIR",
+                       help="exported bundle folder (on every host of a cluster, same path)")
+    batch.add_argument("--out", type=Path, required=True, metavar="DIR",
+                       help="folder for every video's outputs and ledger.jsonl (created if needed)")
+    batch.add_argument("--workers", type=_int_at_least(1), default=1, metavar="N",
+                       help="model replicas, one process and predictor each (default 1; on GPUs, "
+                            "one per device)")
+    batch.add_argument("--address", default=None, metavar="auto|ray://HOST:PORT",
+                       help="join this Ray cluster (default: start a local one in this process)")
+    batch.add_argument("--outputs", default="mp4,json", metavar="mp4,json,png",
+                       help="what to write per video: mp4 (always), json (COCO RLE masks), png "
+                            "(a folder of label PNGs) (default: mp4,json)")
+    batch.add_argument("--backend", default="onnxruntime", metavar="NAME",
+                       help="inference backend (default: onnxruntime)")
+    batch.add_argument("--device", default="cpu", metavar="NAME",
+                       help="cpu, or cuda (one GPU per worker, assigned by Ray) (default: cpu)")
+    batch.add_argument("--set", type=_setting, action="append", default=[], metavar="NAME=VALUE",
+                       help="override a threshold of the bundle's configuration; repeatable")
+    batch.set_defaults(func=cmd_batch)
 
     demo = sub.add_parser(
         "demo",

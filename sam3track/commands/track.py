@@ -50,8 +50,15 @@ def run_track(
     geometric: Sequence[GeometricOption] = (),
     stdout: TextIO | None = None,
     stderr: TextIO | None = None,
+    predictor: Any = None,
+    report: dict | None = None,
 ) -> int:
     """Track ``prompts`` through ``video`` and write the outputs; returns the exit code.
+
+    ``predictor``: a predictor already loaded from ``bundle`` (with ``backend``, ``device`` and
+    ``overrides``) to use instead of loading the bundle again; it is left open, so one process can
+    track many videos with graphs loaded once (``sam3track batch``). ``report``: a dict that a
+    successful run fills with ``frames``, ``objects`` (ids seen) and ``outputs`` (paths written).
 
     ``geometric``: the --point / --box options (:mod:`sam3track.commands.prompts`), applied with
     ``session.add_prompt`` after the text prompts and before tracking starts.
@@ -68,7 +75,7 @@ def run_track(
             return _track(
                 guard, Path(video), list(prompts), bundle, output, json_path, masks_dir,
                 start_frame, max_frames, backend, device, overrides or {}, keep_timestamps,
-                list(geometric), out, err,
+                list(geometric), out, err, predictor, report if report is not None else {},
             )
     except KeyboardInterrupt as e:  # before any output was opened
         print("interrupted before any frame was processed; no outputs written", file=err)
@@ -95,6 +102,8 @@ def _track(
     geometric: list[GeometricOption],
     out: TextIO,
     err: TextIO,
+    loaded: Any,
+    report: dict,
 ) -> int:
     # 1. Arguments that need no file access.
     if bundle is None:
@@ -166,7 +175,8 @@ def _track(
         if not bundle_dir.is_dir():
             raise CliError(f"--bundle {bundle_dir} is a file; pass the bundle's folder")
         try:
-            predictor = sam3track.load(bundle_dir, backend=backend, device=device, **overrides)
+            predictor = loaded if loaded is not None else sam3track.load(
+                bundle_dir, backend=backend, device=device, **overrides)
         except (Sam3TrackError, KeyboardInterrupt):
             raise
         except Exception as e:  # a backend's own exception type: still the bundle's fault
@@ -181,10 +191,11 @@ def _track(
                 _add_geometric(session, calls, bool(prompts))
                 return _propagate(
                     guard, session, reader, video, prompts, geometric, start_frame, stop, max_frames,
-                    video_out, json_out, masks_out, bundle_dir, keep_timestamps, out, err,
+                    video_out, json_out, masks_out, bundle_dir, keep_timestamps, out, err, report,
                 )
         finally:
-            predictor.close()
+            if loaded is None:  # a predictor handed in belongs to the caller
+                predictor.close()
     finally:
         reader.close()
 
@@ -221,6 +232,7 @@ def _propagate(
     keep_timestamps: bool,
     out: TextIO,
     err: TextIO,
+    report: dict,
 ) -> int:
     sinks: list[Any] = []
     written: list[Path] = []
@@ -315,6 +327,7 @@ def _propagate(
     elapsed = time.perf_counter() - started
     fps = done / elapsed if elapsed > 0 else float("inf")
     outputs = ", ".join(str(p) + ("/" if p == masks_out else "") for p in written)
+    report.update(frames=done, objects=len(seen), outputs=[str(p) for p in written])
     print(
         f"tracked {done} frames ({start}..{start + done - 1}) in {elapsed:.1f} s "
         f"({fps:.1f} frames/s), {len(seen)} object{'' if len(seen) == 1 else 's'} seen; "

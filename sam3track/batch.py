@@ -1,0 +1,361 @@
+"""Many videos on one machine or a cluster: ``sam3track batch`` on Ray.
+
+Each Ray worker is an actor holding one predictor, loaded once when the actor starts, that tracks
+one video at a time through :func:`sam3track.commands.track.run_track`, the code behind
+``sam3track track``: a video's outputs are byte for byte what ``track`` writes for it alone, and
+they reach their final names by the same temp+rename rule (a killed worker leaves at most a
+``.partial`` file, which the retry overwrites).
+
+Fault tolerance is Ray's: the actors are created with ``max_restarts`` (a dead worker process is
+replaced, loading its predictor again) and ``max_task_retries`` (the video it was tracking is
+submitted again to the replacement, from the start). A bad video (corrupt, unreadable, no frames)
+is not a crash: the worker returns it as failed with ``run_track``'s one-line reason, and Ray does
+not retry it.
+
+The driver alone writes ``OUT/ledger.jsonl``: one JSON line per finished video (flushed and synced
+per line). A rerun of the same command skips the videos whose last line says done, with the same
+prompts and outputs, and whose outputs still exist; it tracks the failed and the missing ones.
+
+Output names: ``<stem>-<8 hex digits>``, the digits a hash of the input's absolute path, so two
+inputs with the same stem in different folders never collide and a video keeps its names when the
+command is rerun with more or fewer inputs: ``OUT/<name>.masks.mp4``, ``OUT/<name>.json``,
+``OUT/<name>.masks/`` (PNGs).
+
+Ray is an optional dependency (``pip install 'sam3track[ray]'``), imported only here, on first use.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import time
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from sam3track.commands.common import CliError
+from sam3track.commands.track import VIDEO_SUFFIXES
+
+__all__ = [
+    "LEDGER_NAME",
+    "OUTPUT_KINDS",
+    "VideoSummary",
+    "collect_inputs",
+    "output_name",
+    "read_ledger",
+    "track_videos",
+]
+
+LEDGER_NAME = "ledger.jsonl"
+OUTPUT_KINDS = ("mp4", "json", "png")
+INPUT_SUFFIXES = VIDEO_SUFFIXES + (".avi", ".webm")
+MAX_TASK_RETRIES = 2  # a video whose worker dies is tried at most 3 times in all
+# Test hooks, read by the driver and handed to the workers (whose environment Ray sets up): a
+# sleep after each frame so a kill lands mid-video, and a folder where workers note their pid.
+FRAME_DELAY_ENV = "SAM3TRACK_BATCH_TEST_FRAME_DELAY"
+PID_DIR_ENV = "SAM3TRACK_BATCH_TEST_PID_DIR"
+
+
+@dataclass
+class VideoSummary:
+    """One finished video, as the ledger records it."""
+
+    video: str  # absolute path of the input
+    status: str  # "done" or "failed"
+    frames: int = 0
+    objects: int = 0
+    seconds: float = 0.0
+    reason: str = ""  # the one-line reason of a failure
+    outputs: dict[str, str] = field(default_factory=dict)  # kind (mp4, json, png) -> path
+    settings: dict[str, Any] = field(default_factory=dict)  # prompts and outputs asked for
+    skipped: bool = False  # done by an earlier run (not written to the ledger again)
+
+    @property
+    def done(self) -> bool:
+        return self.status == "done"
+
+    def to_json(self) -> str:
+        record = asdict(self)
+        record.pop("skipped")
+        return json.dumps(record, sort_keys=True)
+
+
+# ------------------------------------------------------------------------------------------
+# Inputs, names, ledger
+# ------------------------------------------------------------------------------------------
+
+
+def collect_inputs(inputs: Iterable[str | os.PathLike[str]]) -> list[Path]:
+    """Video files as given, folders searched recursively by video suffix (sorted), and ``.txt``
+    files read as one path a line (relative to the list's folder; blank and ``#`` lines skipped).
+    Absolute paths, each once, in the order found. A missing input raises :class:`CliError`."""
+    found: list[Path] = []
+    for item in inputs:
+        path = Path(item)
+        if path.is_dir():
+            found += sorted(p for p in path.rglob("*")
+                            if p.is_file() and p.suffix.lower() in INPUT_SUFFIXES)
+        elif path.suffix.lower() == ".txt" and path.is_file():
+            for line in path.read_text().splitlines():
+                line = line.strip()
+                if line and not line.startswith("#"):
+                    listed = Path(line).expanduser()
+                    found.append(listed if listed.is_absolute() else path.parent / listed)
+        elif path.exists():
+            found.append(path)
+        else:
+            raise CliError(f"input not found: {path}")
+    seen: set[Path] = set()
+    videos = []
+    for p in found:
+        p = Path(os.path.abspath(p))
+        if p not in seen:
+            seen.add(p)
+            videos.append(p)
+    return videos
+
+
+def output_name(video: Path) -> str:
+    """``<stem>-<8 hex>``: the hash of the absolute path keeps same-stem inputs apart."""
+    absolute = os.path.abspath(video)
+    return f"{Path(absolute).stem}-{hashlib.sha1(absolute.encode()).hexdigest()[:8]}"
+
+
+def output_paths(video: Path, out_dir: Path, kinds: Sequence[str]) -> dict[str, Path]:
+    name = output_name(video)
+    paths = {"mp4": out_dir / f"{name}.masks.mp4", "json": out_dir / f"{name}.json",
+             "png": out_dir / f"{name}.masks"}
+    return {k: paths[k] for k in OUTPUT_KINDS if k in kinds}
+
+
+def read_ledger(out_dir: str | os.PathLike[str]) -> dict[str, VideoSummary]:
+    """The last record of each video in ``out_dir/ledger.jsonl`` (a torn last line is ignored)."""
+    path = Path(out_dir) / LEDGER_NAME
+    records: dict[str, VideoSummary] = {}
+    if not path.exists():
+        return records
+    for line in path.read_text().splitlines():
+        try:
+            record = json.loads(line)
+            records[record["video"]] = VideoSummary(**record)
+        except (ValueError, TypeError, KeyError):
+            continue
+    return records
+
+
+def _already_done(record: VideoSummary | None, settings: dict[str, Any]) -> bool:
+    return (record is not None and record.done and record.settings == settings
+            and all(Path(p).exists() for p in record.outputs.values()))
+
+
+def _parse_outputs(outputs: str | Sequence[str]) -> list[str]:
+    kinds = [k.strip().lower() for k in (outputs.split(",") if isinstance(outputs, str) else outputs)]
+    kinds = [k for k in kinds if k]
+    unknown = [k for k in kinds if k not in OUTPUT_KINDS]
+    if unknown:
+        raise CliError(f"unknown output {unknown[0]!r}; choose among {','.join(OUTPUT_KINDS)}")
+    if "mp4" not in kinds:
+        raise CliError("--outputs must include mp4: the mask video is always written (as by "
+                       "sam3track track); add json and/or png for more")
+    return kinds
+
+
+# ------------------------------------------------------------------------------------------
+# The worker
+# ------------------------------------------------------------------------------------------
+
+
+class _Worker:
+    """One predictor, loaded once, tracking one video per call (a Ray actor; see the module)."""
+
+    def __init__(self, bundle: str, backend: str, device: str, overrides: dict,
+                 threads: int | None, hooks: dict) -> None:
+        import sam3track
+
+        self.hooks = hooks
+        if hooks.get("pid_dir"):
+            Path(hooks["pid_dir"], str(os.getpid())).touch()
+        if hooks.get("frame_delay"):
+            import sam3track.commands.track as track_module
+
+            draw, delay = track_module.draw_objects, float(hooks["frame_delay"])
+
+            def slow_draw(*args: Any, **kwargs: Any) -> Any:
+                time.sleep(delay)
+                return draw(*args, **kwargs)
+
+            track_module.draw_objects = slow_draw  # called once per frame, outputs open
+        options = dict(overrides)
+        if threads and "threads" not in options:
+            options["threads"] = threads
+        self.bundle = bundle
+        self.predictor = sam3track.load(bundle, backend=backend, device=device, **options)
+
+    def pid(self) -> int:
+        return os.getpid()
+
+    def track(self, video: str, prompts: list[str], outputs: dict[str, str],
+              settings: dict) -> VideoSummary:
+        from sam3track.commands.track import run_track
+
+        if self.hooks.get("pid_dir"):
+            Path(self.hooks["pid_dir"], f"{os.getpid()}.busy").write_text(video)
+        started = time.perf_counter()
+        report: dict = {}
+        err = io.StringIO()
+        try:
+            code = run_track(
+                video, prompts, bundle=self.bundle, output=outputs["mp4"],
+                json_path=outputs.get("json"), masks_dir=outputs.get("png"),
+                stdout=io.StringIO(), stderr=err, predictor=self.predictor, report=report,
+            )
+            reason = "" if code == 0 else _reason(err.getvalue(), code)
+        except Exception as e:  # anything run_track does not report itself: still this video's
+            code, reason = -1, f"{type(e).__name__}: {e}".splitlines()[0]
+        seconds = round(time.perf_counter() - started, 3)
+        if code != 0:
+            return VideoSummary(video, "failed", seconds=seconds, reason=reason, settings=settings)
+        return VideoSummary(video, "done", frames=int(report["frames"]),
+                            objects=int(report["objects"]), seconds=seconds, outputs=outputs,
+                            settings=settings)
+
+
+def _reason(stderr: str, code: int) -> str:
+    errors = [line[len("error: "):] for line in stderr.splitlines() if line.startswith("error: ")]
+    return errors[-1] if errors else f"sam3track track exited with {code}"
+
+
+# ------------------------------------------------------------------------------------------
+# The driver
+# ------------------------------------------------------------------------------------------
+
+
+def _import_ray() -> Any:
+    try:
+        import ray
+    except ImportError:
+        raise CliError("sam3track batch needs Ray: pip install 'sam3track[ray]' "
+                       "(or pip install 'ray>=2.40')") from None
+    return ray
+
+
+def track_videos(
+    paths: Iterable[str | os.PathLike[str]],
+    prompts: Sequence[str] | str,
+    bundle: str | os.PathLike[str],
+    out_dir: str | os.PathLike[str],
+    *,
+    workers: int = 1,
+    address: str | None = None,
+    backend: str = "onnxruntime",
+    device: str = "cpu",
+    outputs: str | Sequence[str] = ("mp4", "json"),
+    overrides: dict | None = None,
+    threads: int | None = None,
+    num_cpus: int | None = None,
+) -> Iterator[VideoSummary]:
+    """Track ``prompts`` through every video of ``paths`` on ``workers`` Ray actors; yields a
+    :class:`VideoSummary` per video as it finishes (first those an earlier run already did, with
+    ``skipped=True``). Each finished video is appended to ``out_dir/ledger.jsonl`` before it is
+    yielded.
+
+    ``paths``: files, folders or ``.txt`` lists (:func:`collect_inputs`). ``address``: None starts
+    (or reuses) a Ray in this process; ``"auto"`` or ``"ray://HOST:PORT"`` joins a cluster.
+    ``outputs``: which of mp4 (always), json and png to write. ``threads``: inference threads
+    per worker (default: the machine's cores shared among the local workers). Closing the
+    generator early (Ctrl-C) kills the workers; the ledger keeps what finished.
+    """
+    prompts = [prompts] if isinstance(prompts, str) else list(prompts)
+    if not prompts or any(not p.strip() for p in prompts):
+        raise CliError("give at least one non-empty --prompt TEXT (e.g. --prompt person)")
+    if workers < 1:
+        raise CliError(f"--workers must be 1 or more, got {workers}")
+    kinds = _parse_outputs(outputs)
+    bundle_dir = Path(os.path.abspath(bundle))
+    if not (bundle_dir / "manifest.json").is_file():
+        raise CliError(f"--bundle {bundle_dir} is not a bundle folder (no manifest.json); export "
+                       f"one with python -m graphs.export --checkpoint SNAPSHOT --out DIR")
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    videos = collect_inputs(paths)
+    settings = {"prompts": prompts, "outputs": kinds}
+    previous = read_ledger(out)
+    todo = []
+    for video in videos:
+        record = previous.get(str(video))
+        if _already_done(record, settings):
+            record.skipped = True
+            yield record
+        else:
+            todo.append(video)
+    if not todo:
+        return
+
+    ray = _import_ray()
+    started_here = False
+    cpus = os.cpu_count() or 1
+    if not ray.is_initialized():
+        if address is None:
+            ray.init(num_cpus=num_cpus or max(cpus, workers), include_dashboard=False,
+                     logging_level="ERROR", log_to_driver=False, configure_logging=True)
+        else:
+            ray.init(address=address, logging_level="ERROR", log_to_driver=False)
+        started_here = True
+    hooks = {"frame_delay": os.environ.get(FRAME_DELAY_ENV), "pid_dir": os.environ.get(PID_DIR_ENV)}
+    hooks = {k: v for k, v in hooks.items() if v}
+    on_gpu = str(device).startswith("cuda")
+    if threads is None and address is None:
+        threads = max(1, cpus // workers)
+    worker_class = ray.remote(_Worker).options(
+        max_restarts=-1,  # each restart comes from a video with bounded retries
+        max_task_retries=MAX_TASK_RETRIES,
+        num_cpus=0 if on_gpu else 1,
+        num_gpus=1 if on_gpu else 0,
+    )
+    # Ray gives each GPU actor its own device as the only one it sees.
+    worker_device = "cuda:0" if on_gpu else device
+    actors = [worker_class.remote(str(bundle_dir), backend, worker_device, dict(overrides or {}),
+                                  threads, hooks) for _ in range(min(workers, len(todo)))]
+    ledger = open(out / LEDGER_NAME, "a", encoding="utf-8")
+    if ledger.tell() and not (out / LEDGER_NAME).read_bytes().endswith(b"\n"):
+        ledger.write("\n")  # a line torn by a crash stays alone (read_ledger skips it)
+    pending: dict[Any, tuple[Path, Any]] = {}
+    queue = list(reversed(todo))
+    idle = list(actors)
+    try:
+        while queue or pending:
+            while idle and queue:  # one video per worker at a time: the next goes to whoever is free
+                actor, video = idle.pop(), queue.pop()
+                paths_out = {k: str(p) for k, p in output_paths(video, out, kinds).items()}
+                ref = actor.track.remote(str(video), prompts, paths_out, settings)
+                pending[ref] = (video, actor)
+            ready, _ = ray.wait(list(pending), num_returns=1)
+            ref = ready[0]
+            video, actor = pending.pop(ref)
+            try:
+                summary = ray.get(ref)
+            except ray.exceptions.RayError as e:
+                first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+                if "creation task" in first:  # the worker could not load the bundle: no video can run
+                    lines = [ln.strip() for ln in str(e).strip().splitlines() if ln.strip()]
+                    raise CliError(f"a worker could not start: {lines[-1]}") from None
+                if isinstance(e, ray.exceptions.RayActorError):  # died more often than retried
+                    first = f"the worker died (tried {MAX_TASK_RETRIES + 1} times at most): {first}"
+                summary = VideoSummary(str(video), "failed", settings=settings, reason=first)
+            idle.append(actor)
+            ledger.write(summary.to_json() + "\n")
+            ledger.flush()
+            os.fsync(ledger.fileno())
+            yield summary
+    finally:
+        ledger.close()
+        for actor in actors:
+            try:
+                ray.kill(actor, no_restart=True)
+            except Exception:
+                pass
+        if started_here:
+            ray.shutdown()

@@ -1,0 +1,84 @@
+"""``sam3track batch``: track text prompts through many videos on Ray workers (:mod:`sam3track.batch`)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from typing import TextIO
+
+from tqdm import tqdm
+
+from sam3track.commands.common import EXIT_ERROR, EXIT_OK
+from sam3track.commands.interrupts import exit_code_for
+from sam3track.errors import Sam3TrackError
+
+EXIT_SOME_FAILED = 1  # the run finished, but at least one video failed (see the ledger)
+
+
+def summary_table(rows: list, elapsed: float) -> str:
+    """The end-of-run table: one line per video, then the totals."""
+    lines = [f"{'status':<8} {'frames':>6} {'objects':>7} {'seconds':>8}  video / reason"]
+    for s in rows:
+        status = "skipped" if s.skipped else s.status
+        detail = s.video if s.done else f"{s.video}: {s.reason}"
+        lines.append(f"{status:<8} {s.frames:>6} {s.objects:>7} {s.seconds:>8.2f}  {detail}")
+    done = [s for s in rows if s.done and not s.skipped]
+    frames = sum(s.frames for s in done)
+    failed = sum(1 for s in rows if not s.done)
+    skipped = sum(1 for s in rows if s.skipped)
+    rate = f"{frames / elapsed:.1f} frames/s, {60 * len(done) / elapsed:.1f} videos/min" \
+        if elapsed > 0 else ""
+    lines.append(f"{len(done)} done, {failed} failed, {skipped} skipped (done before) in "
+                 f"{elapsed:.1f} s; {rate}")
+    return "\n".join(lines)
+
+
+def run_batch(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None = None) -> int:
+    from sam3track.batch import collect_inputs, track_videos
+
+    out = out or sys.stdout
+    err = err or sys.stderr
+    rows: list = []
+    bar = None
+    started = time.perf_counter()
+    try:
+        total = len(collect_inputs(args.inputs))
+        bar = tqdm(total=total, desc="videos", unit="video", file=err, dynamic_ncols=True)
+        frames = 0
+        results = track_videos(
+            args.inputs, args.prompt, args.bundle, args.out, workers=args.workers,
+            address=args.address, backend=args.backend, device=args.device,
+            outputs=args.outputs, overrides=dict(args.set),
+        )
+        try:
+            for summary in results:
+                rows.append(summary)
+                if not summary.skipped:
+                    frames += summary.frames
+                elapsed = time.perf_counter() - started
+                failed = sum(1 for s in rows if not s.done)
+                bar.set_postfix({"frames/s": f"{frames / elapsed:.1f}", "failed": failed},
+                                refresh=False)
+                bar.update(1)
+        finally:
+            results.close()  # on Ctrl-C: the workers are stopped, the ledger closed
+    except KeyboardInterrupt as e:
+        if bar is not None:
+            bar.close()
+        done = sum(1 for s in rows if s.done)
+        print(f"interrupted: {done} videos done are in the ledger {args.out}/ledger.jsonl; "
+              f"run the same command again to finish the others", file=err)
+        return exit_code_for(e)
+    except Sam3TrackError as e:
+        if bar is not None:
+            bar.close()
+        print(f"error: {e}", file=err)
+        return EXIT_ERROR
+    bar.close()
+    print(summary_table(rows, time.perf_counter() - started), file=out)
+    return EXIT_SOME_FAILED if any(not s.done for s in rows) else EXIT_OK
+
+
+def cmd_batch(args: argparse.Namespace) -> int:
+    return run_batch(args)

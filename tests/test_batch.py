@@ -1,0 +1,265 @@
+"""``sam3track batch`` on an embedded Ray: bad videos fail alone, outputs equal ``sam3track track``'s,
+a killed worker's video is redone once, and an interrupted run resumes from its ledger."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import av
+import cv2
+import pytest
+
+ray = pytest.importorskip("ray")  # the test extra installs it; a bare runtime install lacks it
+
+from sam3track.batch import (  # noqa: E402
+    FRAME_DELAY_ENV,
+    LEDGER_NAME,
+    PID_DIR_ENV,
+    collect_inputs,
+    output_name,
+    read_ledger,
+    track_videos,
+)
+from sam3track.commands.track import run_track  # noqa: E402
+from sam3track.demo import demo_bundle_path  # noqa: E402
+from sam3track.video import MaskVideoWriter, open_source, open_video  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+BIKES = ROOT / "examples" / "clips" / "bikes.mp4"
+FRAMES, WIDTH, HEIGHT = 6, 128, 72
+PROMPTS = ["person", "bike"]
+
+
+def _write_clip(path: Path, first: int) -> None:
+    """FRAMES frames of bikes.mp4 from ``first``, shrunk to WIDTH x HEIGHT, with our writer."""
+    with open_source(BIKES) as src, MaskVideoWriter(path, width=WIDTH, height=HEIGHT,
+                                                     fps=src.frame_rate) as w:
+        for f in src.frames():
+            if f.index >= first + FRAMES:
+                break
+            if f.index >= first:
+                w.write(cv2.resize(f.rgb, (WIDTH, HEIGHT), interpolation=cv2.INTER_AREA))
+
+
+def _write_zero_frames(path: Path) -> None:
+    """An mp4 container that holds no frame at all."""
+    with av.open(str(path), "w") as c:
+        s = c.add_stream("libx264", rate=25)
+        s.width, s.height, s.pix_fmt = WIDTH, HEIGHT, "yuv420p"
+        c.start_encoding()
+        c.mux(s.encode(None))
+
+
+@pytest.fixture(scope="module")
+def clips(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[Path]]:
+    """Four good clips (two share the stem "clip", in different folders) and two bad ones."""
+    root = tmp_path_factory.mktemp("clips")
+    (root / "a").mkdir()
+    (root / "b").mkdir()
+    good = [root / "a" / "clip.mp4", root / "b" / "clip.mp4", root / "c.mp4", root / "d.mp4"]
+    for path, first in zip(good, (0, 40, 80, 120)):
+        _write_clip(path, first)
+    bad = [root / "corrupt.mp4", root / "empty.mp4"]
+    bad[0].write_bytes(b"\x00\x00\x00\x18ftypmp42" + os.urandom(4000))
+    _write_zero_frames(bad[1])
+    return {"root": [root], "good": good, "bad": bad}
+
+
+@pytest.fixture(scope="module")
+def references(clips: dict[str, list[Path]], tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """What ``sam3track track`` writes for each good clip alone: {clip: (mp4 bytes, json bytes)}."""
+    root = tmp_path_factory.mktemp("alone")
+    refs = {}
+    for i, clip in enumerate(clips["good"]):
+        mp4, js = root / f"{i}.mp4", root / f"{i}.json"
+        assert run_track(clip, PROMPTS, bundle=demo_bundle_path(), output=mp4, json_path=js) == 0
+        refs[clip] = (mp4.read_bytes(), js.read_bytes())
+    return refs
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    """One embedded Ray for the in-process tests (track_videos reuses it and leaves it running)."""
+    ray.init(num_cpus=2, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
+    yield
+    ray.shutdown()
+
+
+def _ledger_lines(out: Path) -> list[dict]:
+    return [json.loads(line) for line in (out / LEDGER_NAME).read_text().splitlines()]
+
+
+def _check_outputs_equal_track(out: Path, clips: list[Path], references: dict) -> None:
+    for clip in clips:
+        name = output_name(clip)
+        mp4_ref, json_ref = references[clip]
+        got = json.loads((out / f"{name}.json").read_text())
+        want = json.loads(json_ref)
+        assert got["frames"] == want["frames"], clip  # every RLE mask, box and score
+        assert (out / f"{name}.json").read_bytes() == json_ref, clip
+        assert (out / f"{name}.masks.mp4").read_bytes() == mp4_ref, clip
+        with open_video(out / f"{name}.masks.mp4") as v:
+            assert len(v) == FRAMES
+
+
+def _no_partials(out: Path) -> None:
+    assert not [p.name for p in out.iterdir() if ".partial" in p.name or ".interrupted" in p.name]
+
+
+def test_collect_inputs_and_names(clips: dict[str, list[Path]], tmp_path: Path) -> None:
+    listing = tmp_path / "list.txt"
+    listing.write_text(f"# two of them\n{clips['good'][2]}\n\n{clips['good'][0]}\n")
+    found = collect_inputs([listing, clips["root"][0]])
+    assert found[:2] == [clips["good"][2], clips["good"][0]]
+    assert sorted(found) == sorted(clips["good"] + clips["bad"])  # each once
+    names = {output_name(p) for p in clips["good"]}
+    assert len(names) == 4 and all(n.startswith(("clip-", "c-", "d-")) for n in names)
+
+
+def test_two_workers_bad_videos_fail_alone_and_outputs_equal_track(
+    cluster: None, clips: dict[str, list[Path]], references: dict, tmp_path: Path
+) -> None:
+    out = tmp_path / "out"
+    inputs = clips["good"] + clips["bad"]
+    summaries = list(track_videos(inputs, PROMPTS, demo_bundle_path(), out, workers=2))
+    assert len(summaries) == 6
+    by_video = {Path(s.video): s for s in summaries}
+    for clip in clips["good"]:
+        s = by_video[clip]
+        assert (s.status, s.frames, s.reason) == ("done", FRAMES, ""), s
+    corrupt, empty = (by_video[p] for p in clips["bad"])
+    assert corrupt.status == "failed" and "not a readable video" in corrupt.reason
+    assert empty.status == "failed" and "no video stream" in empty.reason
+    for s in (corrupt, empty):
+        assert "\n" not in s.reason and str(s.video) in s.reason
+    lines = _ledger_lines(out)
+    assert sorted(line["video"] for line in lines) == sorted(str(p) for p in inputs)
+    _check_outputs_equal_track(out, clips["good"], references)
+    _no_partials(out)
+
+    # The same call again: the done ones are skipped, the failed ones tried (and fail) again.
+    again = list(track_videos(inputs, PROMPTS, demo_bundle_path(), out, workers=2))
+    assert sorted(str(Path(s.video)) for s in again if s.skipped) == sorted(map(str, clips["good"]))
+    assert sorted(s.video for s in again if not s.skipped) == sorted(map(str, clips["bad"]))
+    assert len(_ledger_lines(out)) == 8
+
+
+def test_killed_worker_is_replaced_and_its_video_redone_once(
+    cluster: None, clips: dict[str, list[Path]], references: dict, tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    out, pids = tmp_path / "out", tmp_path / "pids"
+    pids.mkdir()
+    monkeypatch.setenv(FRAME_DELAY_ENV, "0.25")  # ~1.5 s a clip: the kill lands mid-video
+    monkeypatch.setenv(PID_DIR_ENV, str(pids))
+    killed: list[tuple[int, str]] = []
+
+    def kill_first_busy_worker() -> None:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            busy = sorted(pids.glob("*.busy"))
+            if busy:
+                time.sleep(0.6)  # a few frames in: its outputs are open under .partial names
+                pid = int(busy[0].name.split(".")[0])
+                killed.append((pid, busy[0].read_text()))
+                os.kill(pid, signal.SIGKILL)
+                return
+            time.sleep(0.05)
+
+    killer = threading.Thread(target=kill_first_busy_worker)
+    killer.start()
+    summaries = list(track_videos(clips["good"], PROMPTS, demo_bundle_path(), out, workers=2))
+    killer.join()
+    assert killed, "no worker was seen busy"
+    assert all(s.status == "done" for s in summaries), summaries
+    lines = _ledger_lines(out)
+    assert sorted(line["video"] for line in lines) == sorted(map(str, clips["good"]))  # once each
+    assert all(line["status"] == "done" for line in lines)
+    started = {int(p.name) for p in pids.iterdir() if p.name.isdigit()}
+    assert killed[0][0] in started and len(started) == 3  # 2 workers + the replacement
+    _check_outputs_equal_track(out, clips["good"], references)
+    _no_partials(out)
+
+
+def test_interrupted_cli_resumes_without_redoing(
+    clips: dict[str, list[Path]], references: dict, tmp_path: Path
+) -> None:
+    """Its own Ray: the CLI in a subprocess, Ctrl-C after the first video, then the same command."""
+    out = tmp_path / "out"
+    command = [sys.executable, "-m", "sam3track", "batch", *map(str, clips["good"]),
+               "--bundle", str(demo_bundle_path()), "--out", str(out), "--workers", "1"]
+    for p in PROMPTS:
+        command += ["--prompt", p]
+    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    slow = dict(env, **{FRAME_DELAY_ENV: "0.3"})  # ~2 s a clip: time to interrupt after the first
+    proc = subprocess.Popen(command, env=slow, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    ledger = out / LEDGER_NAME
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline and proc.poll() is None:
+        if ledger.exists() and ledger.read_text().count("\n") >= 1:
+            break
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGINT)
+    stdout, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 130, stderr
+    assert "interrupted" in stderr
+    first = _ledger_lines(out)
+    assert 1 <= len(first) < 4 and all(line["status"] == "done" for line in first)
+    done_names = {output_name(Path(line["video"])) for line in first}
+    finals = {p.name for p in out.iterdir() if p.name.endswith((".json", ".masks.mp4"))
+              and ".partial" not in p.name and ".interrupted" not in p.name}
+    assert finals == {f"{n}{s}" for n in done_names for s in (".json", ".masks.mp4")}
+
+    again = subprocess.run(command, env=env, capture_output=True, text=True, timeout=120)
+    assert again.returncode == 0, again.stderr
+    lines = _ledger_lines(out)
+    assert sorted(line["video"] for line in lines) == sorted(map(str, clips["good"]))  # once each
+    assert [line["video"] for line in lines[:len(first)]] == [line["video"] for line in first]
+    assert sum(row.startswith("skipped ") for row in again.stdout.splitlines()) == len(first)
+    assert read_ledger(out).keys() == {str(p) for p in clips["good"]}
+    _check_outputs_equal_track(out, clips["good"], references)
+    _no_partials(out)
+
+
+def test_a_bundle_no_worker_can_load_stops_the_run(
+    cluster: None, clips: dict[str, list[Path]], tmp_path: Path
+) -> None:
+    import shutil
+
+    from sam3track.commands.common import CliError
+
+    bundle = tmp_path / "bundle"
+    shutil.copytree(demo_bundle_path(), bundle)
+    (bundle / "backbone.onnx").write_bytes(b"not a graph")
+    with pytest.raises(CliError, match="a worker could not start: .*checksum mismatch"):
+        list(track_videos(clips["good"][:2], PROMPTS, bundle, tmp_path / "out", workers=2))
+    assert _ledger_lines(tmp_path / "out") == []  # not the videos' fault: nothing recorded
+
+
+def test_the_runtime_does_not_import_ray() -> None:
+    code = ("import sys, sam3track, sam3track.cli, sam3track.batch; "
+            "sam3track.cli.build_parser(); print('ray' in sys.modules)")
+    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert out.stdout.strip() == "False", out.stderr
+
+
+def test_a_torn_ledger_line_is_skipped_and_not_glued_to(
+    cluster: None, clips: dict[str, list[Path]], references: dict, tmp_path: Path
+) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / LEDGER_NAME).write_text('{"video": "/x.mp4", "status": "do')  # a crash mid-line
+    assert read_ledger(out) == {}
+    summaries = list(track_videos(clips["good"][:1], PROMPTS, demo_bundle_path(), out))
+    assert [s.status for s in summaries] == ["done"]
+    assert set(read_ledger(out)) == {str(clips["good"][0])}
+    _check_outputs_equal_track(out, clips["good"][:1], references)
