@@ -56,7 +56,8 @@ class Propagation:
     scores: np.ndarray  # [N] object score logits
 
     def take(self, obj_ids: list[int]) -> "Propagation":
-        rows = [self.obj_ids.index(o) for o in obj_ids]
+        row_of = {o: i for i, o in enumerate(self.obj_ids)}
+        rows = [row_of[o] for o in obj_ids]
         return Propagation(list(obj_ids), self.raw[rows], self.masks[rows], self.scores[rows])
 
 
@@ -175,9 +176,10 @@ class FrameLoop:
 
     # --------------------------------------------------------------------------- 4. execution
     def encode_memory(self, features, obj_ids: list[int], frame: int, logits: np.ndarray, scores: np.ndarray,
-                      binarize: bool, via_image: bool = False) -> None:
-        """via_image: the tracker's own rule (Sam3TrackerVideoModel), the mask taken through the image
-        size as its high-resolution masks are; else Sam3VideoModel's, straight from the low-res logits."""
+                      binarize, via_image=False) -> None:
+        """binarize, via_image: one flag for all objects or one per object. via_image: the tracker's own
+        rule (Sam3TrackerVideoModel), the mask taken through the image size as its high-resolution masks
+        are; else Sam3VideoModel's, straight from the low-res logits."""
         n = len(obj_ids)
         if n == 0:
             return
@@ -185,6 +187,8 @@ class FrameLoop:
         rows = pool.allocate(n)
         logits = logits.reshape(n, 1, *logits.shape[-2:]).astype(np.float32)
         scores = scores.reshape(n, 1).astype(np.float32)
+        binarize = np.broadcast_to(np.asarray(binarize, np.float32), (n,))
+        via_image = np.broadcast_to(np.asarray(via_image, np.float32), (n,))
         for chunk in chunks(b, graph, "objects", n):
             chunk_rows = rows[chunk.items]
             target = pool.target(chunk_rows, chunk.size)
@@ -192,8 +196,8 @@ class FrameLoop:
                 "tracker_feat": features["tracker_feat"],
                 "mask_logits": pad_rows(logits[chunk.items], chunk.size),
                 "object_score_logits": pad_rows(scores[chunk.items], chunk.size),
-                "binarize": np.full((chunk.size,), float(binarize), np.float32),
-                "via_image": np.full((chunk.size,), float(via_image), np.float32),
+                "binarize": pad_rows(binarize[chunk.items], chunk.size),
+                "via_image": pad_rows(via_image[chunk.items], chunk.size),
             }, {"maskmem_features": target})
             pool.commit(chunk_rows, target)
         self.bank.set_memory_rows(obj_ids, frame, rows)
@@ -226,12 +230,14 @@ class FrameLoop:
         old_ids = tracked.obj_ids
         for obj_id in plan.reconditioned_obj_ids:
             bank.promote_to_cond(obj_id, frame)
-        self.encode_memory(features, old_ids, frame, plan.memory_masks, plan.memory_scores, binarize=False)
-        # User-prompted objects keep the tracker's own memory: its raw output, through the image size;
-        # a frame that is one of their conditioning frames keeps the memory made there.
-        fresh = [i for i, o in enumerate(user.obj_ids) if not bank.has_cond(o, frame)]
-        self.encode_memory(features, [user.obj_ids[i] for i in fresh], frame, user.raw[fresh], user.scores[fresh],
-                           binarize=False, via_image=True)
+        # One memory_encoder call for this frame's memories: the planned ones, and those of user-prompted
+        # objects, which keep the tracker's own memory (its raw output, through the image size) except on
+        # their conditioning frames, which keep the memory made there.
+        user = user.take([o for o in user.obj_ids if not bank.has_cond(o, frame)])
+        self.encode_memory(features, old_ids + user.obj_ids, frame,
+                           np.concatenate([plan.memory_masks.reshape(-1, *user.raw.shape[1:]), user.raw]),
+                           np.concatenate([plan.memory_scores, user.scores]), binarize=False,
+                           via_image=np.r_[np.zeros(len(old_ids)), np.ones(len(user.obj_ids))])
         if plan.new_obj_ids:
             new_binary, new_scores = self.add_objects(features, plan.new_obj_ids, det.masks[plan.new_det_inds], frame)
             # The reference re-encodes every tracked object's memory of a frame with births from its
@@ -336,9 +342,8 @@ class FrameLoop:
         # prompted objects now have a conditioning output here, so they are reused as they are.
         before = {o for o in self.objects.obj_ids if bank.has_cond(o, frame)} - set(prompted)
         everything = self.propagate(features, frame, False, num_frames)
-        encode = [o for o in everything.obj_ids if o not in before]
-        rows = [everything.obj_ids.index(o) for o in encode]
-        self.encode_memory(features, encode, frame, everything.raw[rows], everything.scores[rows], binarize=True,
+        encoded = everything.take([o for o in everything.obj_ids if o not in before])
+        self.encode_memory(features, encoded.obj_ids, frame, encoded.raw, encoded.scores, binarize=True,
                            via_image=True)
         out = FrameOutput(frame, {}, {}, {}, {}, set())
         self._show_user_objects(out, everything.take([o for o in everything.obj_ids if self.objects[o].interactive]))
