@@ -10,7 +10,6 @@ import numpy as np
 from .errors import (ArgumentError, FrameIndexError, ObjectIdError, PromptError, SessionBusyError,
                      SessionClosedError, VideoError, shown)
 from .backends import DeviceTensor
-from .call_sizes import chunks, fixed_size, pad_rows
 from .frame_loop import ClickRequest, FrameLoop, FrameOutput
 from .interactive import ClickBook, parse_clicks, use_multimask
 from .memory_bank import MemoryBank
@@ -18,6 +17,7 @@ from .objects import ObjectRegistry, TrackedObject
 from .planning import Detections
 from .postprocess import build_result, to_pixel_values
 from .results import FrameResult
+from .text_prompts import TextPrompts
 
 DIRECTIONS = ("forward", "backward", "both")
 MIN_FRAME_SIDE = 16  # smaller frames carry nothing to track; refuse them rather than upsample noise
@@ -60,12 +60,7 @@ class Session:
         # yielded, so a caller that draws on them (the CLI) never decodes a frame twice.
         cache_size = max(4, predictor.config.hotstart_delay + 2)
         self.frames = FrameCache(source, cache_size) if source is not None else None
-        self.prompts: list[str] = []
-        self._prompt_frames: list[int] = []  # the frame each prompt was given on (propagate starts there)
-        # device [rows, T, D]: each prompt encoded once per session, laid out for the grounding head's
-        # planned calls (see _layout_prompts); _text_mask holds their attention masks
-        self._text_pool = None
-        self._text_mask = np.zeros((0, self.config.text_length), np.int32)
+        self.text = TextPrompts(self.backend, predictor.graphs, predictor.tokenizer, self.config.text_length)
         self._running = None  # the propagate() generator in progress, if any
         self._held: list[FrameOutput] = []  # outputs held back by that generator
         self.closed = False
@@ -100,9 +95,7 @@ class Session:
         self._held = []
         self._free_click_features()
         self.bank.close()
-        if self._text_pool is not None and not self.backend.closed:
-            self.backend.free(self._text_pool)
-        self._text_pool = None
+        self.text.clear()
         if self.frames is not None:
             self.frames.clear()
         if self.source is not None and self._owns_source:
@@ -169,17 +162,7 @@ class Session:
         if not isinstance(text, str):
             raise PromptError(f"prompt {shown(text)} is of type {type(text).__name__}; give the words as a str, "
                               "e.g. text='red car'")
-        text = text.strip()
-        if text in self.prompts:
-            m = self.prompts.index(text)
-            self._prompt_frames[m] = min(self._prompt_frames[m], int(frame_index))
-            return m
-        features, mask = self._encode_text(text)
-        self._layout_prompts(features, mask)
-        self.backend.free(features)
-        self.prompts.append(text)
-        self._prompt_frames.append(int(frame_index))
-        return len(self.prompts) - 1
+        return self.text.add(text.strip(), int(frame_index))
 
     def _add_clicks(self, frame_index, points, labels, boxes, obj_id, clear_old) -> FrameResult:
         self._check_idle("add_prompt() with clicks or a box was called")
@@ -267,46 +250,7 @@ class Session:
                 self._forget_object(obj_id)
             elif obj.prompt >= k:  # indices shift down; a refined object of this prompt keeps no prompt
                 obj.prompt = -1 if obj.prompt == k else obj.prompt - 1
-        kept = [(t, f) for i, (t, f) in enumerate(zip(self.prompts, self._prompt_frames)) if i != k]
-        self._clear_text()
-        for t, f in kept:
-            self._add_text(f, t)
-
-    def _clear_text(self) -> None:
-        if self._text_pool is not None:
-            self.backend.free(self._text_pool)
-        self._text_pool = None
-        self._text_mask = np.zeros((0, self.config.text_length), np.int32)
-        self.prompts, self._prompt_frames = [], []
-
-    def _encode_text(self, text: str) -> tuple[DeviceTensor, np.ndarray]:
-        """One prompt's text features [1, T, D] on the device and its attention mask [1, T]."""
-        b, graph = self.backend, self.predictor.graphs["text_encoder"]
-        ids, mask = self.predictor.tokenizer(text)
-        size = fixed_size(b, graph, "prompts", 1, f"prompt {text!r}", "convert the bundle with --gears prompts=1,...")
-        out = b.run(graph, {"input_ids": pad_rows(ids, size), "attention_mask": pad_rows(mask, size)})
-        return b.rows(out["text_features"], 0, 1), mask
-
-    def _layout_prompts(self, features: DeviceTensor, mask: np.ndarray) -> None:
-        """Add one prompt to the pool the grounding head reads. Prompt k sits at row k in any layout
-        `chunks` gives (every chunk but the last is full); the last chunk's padding rows copy its
-        first prompt. Copies stay on the device."""
-        b, graph = self.backend, self.predictor.graphs["grounding_head"]
-        m = len(self.prompts)  # the new prompt's index
-        last = chunks(b, graph, "prompts", m + 1)[-1]
-        rows = last.start + last.size
-        pool = b.empty((rows,) + tuple(features.shape[1:]), features.dtype)
-        masks = np.zeros((rows, mask.shape[1]), np.int32)
-        if m:
-            b.copy(b.rows(self._text_pool, 0, m), b.rows(pool, 0, m))
-            masks[:m] = self._text_mask[:m]
-            b.free(self._text_pool)
-        b.copy(features, b.rows(pool, m, 1))
-        masks[m] = mask[0]
-        for row in range(m + 1, rows):
-            b.copy(b.rows(pool, last.start, 1), b.rows(pool, row, 1))
-            masks[row] = masks[last.start]
-        self._text_pool, self._text_mask = pool, masks
+        self.text.remove(k)
 
     # ---------------------------------------------------------------------------------- frames
     def _check_frame(self, index, what: str = "frame index") -> None:
@@ -320,7 +264,7 @@ class Session:
                               "first")
         features = self.loop.encode_frame(to_pixel_values(rgb, self.config))
         if self.prompts:
-            det = self.loop.detect(features, self._text_pool, self._text_mask, len(self.prompts))
+            det = self.loop.detect(features, self.text.pool, self.text.mask, len(self.text))
         else:  # clicks and boxes only: the tracker alone
             det = Detections.none(self.config.low_res_mask_size)
         out = self.loop.step(features, det, index, reverse, streaming, num_frames)
@@ -331,9 +275,14 @@ class Session:
         return build_result(out, self.prompts, height, width, hidden)
 
     @property
+    def prompts(self) -> list[str]:
+        """The text prompts, in order: prompt k of FrameResult.prompts and of each object."""
+        return self.text.texts
+
+    @property
     def first_prompted_frame(self) -> int:
         """The earliest frame a text prompt, click or box was given on (0 without prompts)."""
-        return min(self._prompt_frames + sorted(self.clicks.frames()), default=0)
+        return min(self.text.frames + sorted(self.clicks.frames()), default=0)
 
     def propagate(self, direction: str = "forward", start_frame: int | None = None,
                   max_frames: int | None = None) -> Iterator[FrameResult]:
@@ -476,7 +425,7 @@ class Session:
         self.loop.objects = self.objects
         self.clicks.clear()
         self._free_click_features()
-        self._clear_text()
+        self.text.clear()
         self.stream_index = 0
         self._stream_size = None
 
