@@ -1,7 +1,8 @@
 """Export a SAM 3 video checkpoint into a sam3track bundle.
 
     python -m graphs.export --checkpoint DIR --out BUNDLE [--fp16 GRAPH ...]
-    python -m graphs.export --tiny [--seed N] --out BUNDLE
+    python -m graphs.export --tiny [--seed N] --out BUNDLE       # = --preset tiny
+    python -m graphs.export --preset mid --out BUNDLE             # the benchmarks' model (real widths)
     python -m graphs.export --demo --out sam3track/demo_bundle --overwrite   # the shipped demo bundle
 
 The bundle is built in a temporary sibling directory and renamed into place only when complete, so an
@@ -309,7 +310,10 @@ def main(argv: list[str] | None = None) -> int:
     source.add_argument("--demo", action="store_true",
                         help="the smaller seeded model of the shipped demo bundle, without its checkpoint "
                              "(regenerate it with --out sam3track/demo_bundle --overwrite)")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the --tiny or --demo weights")
+    source.add_argument("--preset", choices=("tiny", "demo", "mid"),
+                        help="a seeded model by name: tiny (= --tiny), demo (= --demo), or mid, the benchmarks' "
+                             "model with the real widths at 504 px (graphs/tiny.py)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the seeded model's weights")
     parser.add_argument("--out", type=Path, required=True, help="bundle directory to create")
     parser.add_argument("--fp16", nargs="+", default=[], metavar="GRAPH",
                         help=f"graphs to store in fp16 ({', '.join(GRAPHS)} or 'all'; 'all' keeps the text "
@@ -319,10 +323,11 @@ def main(argv: list[str] | None = None) -> int:
     fp16 = tuple(g for g in GRAPHS if g != "text_encoder") if "all" in args.fp16 else tuple(args.fp16)
     if "all" in args.fp16 and "text_encoder" in args.fp16:
         fp16 += ("text_encoder",)
+    preset = args.preset or ("demo" if args.demo else "tiny" if args.tiny else None)
     try:
         export_bundle(args.checkpoint, args.out, fp16=fp16, overwrite=args.overwrite,
-                      tiny_seed=args.seed if (args.tiny or args.demo) else None,
-                      tiny_preset="demo" if args.demo else "tiny", keep_source=not args.demo)
+                      tiny_seed=args.seed if preset else None,
+                      tiny_preset=preset or "tiny", keep_source=preset != "demo")
     except (CheckpointError, ExportError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

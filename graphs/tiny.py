@@ -1,4 +1,5 @@
-"""Deterministic, small SAM 3 video checkpoints: the test model and the (smaller) shipped demo model.
+"""Deterministic seeded SAM 3 video checkpoints: the test model, the (smaller) shipped demo model, and
+the benchmark's "mid" model at the real widths.
 
 The default init (std 0.02) gives activations ~1e-3 and near-constant detection scores, which makes
 parity checks weak and demo masks empty. We redraw every weight of rank >= 2 as N(0, 1/fan_in) so
@@ -12,6 +13,10 @@ Two presets share everything but their widths and depths:
 - ``demo`` (``--demo``): the model of the bundle shipped in ``sam3track/demo_bundle/``. Every weight
   matrix scales with the square of the FPN / tracker width, so halving that width and keeping one layer
   where the code allows it makes the six graphs about four times smaller, small enough to ship.
+- ``mid`` (``--preset mid``): what the benchmarks measure (``python -m benchmarks.run``). Every width,
+  head count, query count and memory setting is the default ``Sam3VideoConfig``'s (the real model's);
+  only the image (504 px, a 36 x 36 grid), the ViT depth (4 layers, the last one global, window 18) and
+  the text encoder depth (2) are cut, so a frame takes seconds on a CPU, not minutes.
 """
 
 from __future__ import annotations
@@ -58,11 +63,47 @@ TINY = TinyPreset("tiny", hidden=128, feed_forward=256, vit_hidden=64, vit_layer
                   text_layers=2, detr_layers=2, memory_attention_layers=2)
 DEMO = TinyPreset("demo", hidden=64, feed_forward=128, vit_hidden=32, vit_layers=2, text_hidden=32,
                   text_layers=1, detr_layers=1, memory_attention_layers=1, tracker_object_logit=2.0)
-PRESETS = {p.name: p for p in (TINY, DEMO)}
+# Widths of the mid preset are not used (it keeps the default config's); depths are.
+MID = TinyPreset("mid", hidden=256, feed_forward=2048, vit_hidden=1024, vit_layers=4, text_hidden=1024,
+                 text_layers=2, detr_layers=6, memory_attention_layers=4)
+PRESETS = {p.name: p for p in (TINY, DEMO, MID)}
+MID_IMAGE_SIZE = 504  # 36 x 36 tokens; window 18 tiles it as the real model's 24 tiles 72
+MID_WINDOW = 18
+
+
+def mid_config():
+    """The default (real) SAM 3 video config at 504 px with a 4-layer ViT and a 2-layer text encoder."""
+    from transformers import Sam3VideoConfig
+
+    cfg = Sam3VideoConfig()
+    det, trk = cfg.detector_config, cfg.tracker_config
+    grid = MID_IMAGE_SIZE // PATCH
+    sizes = [[4 * grid, 4 * grid], [2 * grid, 2 * grid], [grid, grid]]
+    vit = det.vision_config.backbone_config
+    vit.num_hidden_layers, vit.window_size, vit.global_attn_indexes = MID.vit_layers, MID_WINDOW, [MID.vit_layers - 1]
+    for vision in (det.vision_config, trk.vision_config):
+        vision.backbone_feature_sizes = sizes
+    det.text_config.num_hidden_layers = MID.text_layers
+    trk.memory_attention_rope_feat_sizes = [grid, grid]
+    cfg.image_size = MID_IMAGE_SIZE
+    trk.prompt_encoder_config.image_size = MID_IMAGE_SIZE
+    cfg.low_res_mask_size = 4 * grid
+    # Thresholds as the tiny model's (random weights score lower than trained ones); the benchmark sets
+    # its own on both sides to control the object count.
+    cfg.score_threshold_detection = 0.2
+    cfg.new_det_thresh = 0.5
+    return cfg
+
+
+def image_size(preset: TinyPreset) -> int:
+    return MID_IMAGE_SIZE if preset is MID else IMAGE_SIZE
 
 
 def tiny_config(preset: TinyPreset = TINY):
     from transformers import Sam3VideoConfig
+
+    if preset is MID:
+        return mid_config()
 
     hidden, ffn = preset.hidden, preset.feed_forward
     grid = IMAGE_SIZE // PATCH
@@ -182,7 +223,7 @@ def write_tiny_checkpoint(out_dir: Path, seed: int = 0, preset: TinyPreset = TIN
             {
                 "image_processor_type": "Sam3ImageProcessorFast",
                 "do_resize": True,
-                "size": {"height": IMAGE_SIZE, "width": IMAGE_SIZE},
+                "size": {"height": image_size(preset), "width": image_size(preset)},
                 "do_rescale": True,
                 "rescale_factor": 1 / 255,
                 "do_normalize": True,
