@@ -1,6 +1,6 @@
 """Export a SAM 3 video checkpoint into a sam3track bundle.
 
-    python -m graphs.export --checkpoint DIR --out BUNDLE [--fp16 GRAPH ...]
+    python -m graphs.export --checkpoint DIR --out BUNDLE [--fp16 GRAPH ...] [--attention plain]
     python -m graphs.export --tiny [--seed N] --out BUNDLE       # = --preset tiny
     python -m graphs.export --preset mid --out BUNDLE             # the benchmarks' model (real widths)
     python -m graphs.export --demo --out sam3track/demo_bundle --overwrite   # the shipped demo bundle
@@ -41,7 +41,7 @@ class ExportError(Exception):
     pass
 
 
-def _export_graph(model, name: str, dims, out_dir: Path, fp16: bool) -> dict:
+def _export_graph(model, name: str, dims, out_dir: Path, fp16: bool, attention: str = "fused") -> dict:
     import onnx
     import torch
 
@@ -49,6 +49,8 @@ def _export_graph(model, name: str, dims, out_dir: Path, fp16: bool) -> dict:
 
     spec = specs.graph_specs(dims)[name]
     module = spec.module(model).eval()
+    if hasattr(module, "attention_mode"):
+        module.attention_mode = attention
     inputs = specs.sample_inputs(spec, dims, TRACE_SIZES)
     args = tuple(inputs[t.name] for t in spec.inputs)
     path = out_dir / f"{name}.onnx"
@@ -58,6 +60,7 @@ def _export_graph(model, name: str, dims, out_dir: Path, fp16: bool) -> dict:
             module, args, str(path), input_names=[t.name for t in spec.inputs],
             output_names=[t.name for t in spec.outputs], dynamic_axes=spec.dynamic_axes,
             opset_version=OPSET, dynamo=False, do_constant_folding=True,
+            custom_opsets={"com.microsoft": 1} if getattr(module, "attention_mode", None) == "fused" else None,
         )
     proto = onnx.load(str(path))
     _deduplicate_constants(proto)
@@ -65,7 +68,11 @@ def _export_graph(model, name: str, dims, out_dir: Path, fp16: bool) -> dict:
         from onnxruntime.transformers.float16 import convert_float_to_float16
 
         # Inputs and outputs stay float32 so the runtime binds the same buffers for either precision.
-        proto = convert_float_to_float16(proto, keep_io_types=True)
+        from onnxruntime.transformers.float16 import DEFAULT_OP_BLOCK_LIST
+
+        # The fused attention op keeps float32 (its padding logit and softmax want the range).
+        proto = convert_float_to_float16(proto, keep_io_types=True,
+                                         op_block_list=DEFAULT_OP_BLOCK_LIST + ["MultiHeadAttention"])
     data_files = []
     if proto.ByteSize() > EXTERNAL_DATA_THRESHOLD or (out_dir / f"{name}.onnx.data").exists():
         data_name = f"{name}.onnx.data"
@@ -89,6 +96,8 @@ def _export_graph(model, name: str, dims, out_dir: Path, fp16: bool) -> dict:
         "sha256": {f: file_sha256(out_dir / f) for f in files},
         "bytes": sum((out_dir / f).stat().st_size for f in files),
         "precision": "fp16" if fp16 else "fp32",
+        # how its attention was exported (modules.ATTENTION_MODES), for graphs that have one
+        **({"attention": attention} if hasattr(module, "attention_mode") else {}),
         "inputs": tensors(spec.inputs),
         "outputs": tensors(spec.outputs),
     }
@@ -218,12 +227,14 @@ def _recorded_checkpoint(checkpoint: Path, tiny_seed: int | None, keep_source: b
 
 def export_bundle(checkpoint: Path, out: Path, fp16: tuple[str, ...] = (), overwrite: bool = False,
                   tiny_seed: int | None = None, log=print, tiny_preset: str = "tiny",
-                  keep_source: bool = True) -> Path:
+                  keep_source: bool = True, attention: str = "fused") -> Path:
     """Build the bundle for `checkpoint` (or a fresh small checkpoint when tiny_seed is set) at `out`.
 
     ``tiny_preset`` names the small model (graphs.tiny.PRESETS). ``keep_source=False`` leaves the
     seeded checkpoint out of the bundle (the shipped demo bundle: the runtime never reads it, and
-    graphs.check rebuilds it from the seed and preset the manifest records).
+    graphs.check rebuilds it from the seed and preset the manifest records). ``attention``: "fused"
+    (ONNX Runtime's MultiHeadAttention op) or "plain" (standard ops only: what ATC, and so
+    ``om.convert``, needs); see graphs/modules.py.
     """
     import onnx
     import torch
@@ -234,6 +245,10 @@ def export_bundle(checkpoint: Path, out: Path, fp16: tuple[str, ...] = (), overw
     out = Path(out).absolute()
     if out.exists() and not overwrite:
         raise ExportError(f"{out} already exists; pass --overwrite to replace it or choose another --out")
+    from .modules import ATTENTION_MODES
+
+    if attention not in ATTENTION_MODES:
+        raise ExportError(f"--attention {attention!r}: choose from {', '.join(ATTENTION_MODES)}")
     unknown = [g for g in fp16 if g not in GRAPHS]
     if unknown:
         raise ExportError(f"--fp16 names unknown graphs {unknown}; choose from {', '.join(GRAPHS)}")
@@ -262,7 +277,7 @@ def export_bundle(checkpoint: Path, out: Path, fp16: tuple[str, ...] = (), overw
         graphs = {}
         for name in GRAPHS:
             t0 = time.perf_counter()
-            graphs[name] = _export_graph(model, name, dims, staging, fp16=name in fp16)
+            graphs[name] = _export_graph(model, name, dims, staging, fp16=name in fp16, attention=attention)
             log(f"exported {name:<20} {graphs[name]['bytes'] / 1e6:9.1f} MB  {time.perf_counter() - t0:6.1f} s")
         manifest = {
             "format_version": FORMAT_VERSION,
@@ -282,7 +297,7 @@ def export_bundle(checkpoint: Path, out: Path, fp16: tuple[str, ...] = (), overw
             },
             "exporter": {
                 "torch": torch.__version__, "transformers": transformers.__version__, "onnx": onnx.__version__,
-                "opset": OPSET, "export_seconds": round(time.perf_counter() - started, 1),
+                "opset": OPSET, "attention": attention, "export_seconds": round(time.perf_counter() - started, 1),
             },
         }
         (staging / "manifest.json").write_text(json.dumps(manifest, indent=2))
@@ -318,6 +333,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--fp16", nargs="+", default=[], metavar="GRAPH",
                         help=f"graphs to store in fp16 ({', '.join(GRAPHS)} or 'all'; 'all' keeps the text "
                              "encoder in fp32, whose fp16 numerics are risky on Ascend: name it to include it)")
+    parser.add_argument("--attention", choices=("fused", "plain"), default="fused",
+                        help="memory attention as ONNX Runtime's fused MultiHeadAttention op (default: fast, no "
+                             "[objects, HW, memories*HW] score tensor) or plain standard ops (for om.convert: ATC "
+                             "rejects custom-domain ops)")
     parser.add_argument("--overwrite", action="store_true", help="replace an existing bundle at --out")
     args = parser.parse_args(argv)
     fp16 = tuple(g for g in GRAPHS if g != "text_encoder") if "all" in args.fp16 else tuple(args.fp16)
@@ -327,7 +346,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         export_bundle(args.checkpoint, args.out, fp16=fp16, overwrite=args.overwrite,
                       tiny_seed=args.seed if preset else None,
-                      tiny_preset=preset or "tiny", keep_source=preset != "demo")
+                      tiny_preset=preset or "tiny", keep_source=preset != "demo", attention=args.attention)
     except (CheckpointError, ExportError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -193,6 +193,56 @@ def _attend(q, k, v, bias=None, scale=1.0):
     return torch.matmul(torch.softmax(logits, dim=-1), v)
 
 
+# How the memory attention is exported (graphs.export --attention; recorded in the manifest):
+# - "fused": ONNX Runtime's com.microsoft MultiHeadAttention, which never materialises the
+#   [N, heads, HW, K*HW + P] score tensor (its CPU and CUDA kernels tile it);
+# - "plain": MatMul + Softmax + MatMul, standard ops only, for converters that reject custom domains
+#   (ATC). Same arithmetic, same inputs and outputs: the runtime does not know which one it runs.
+ATTENTION_MODES = ("fused", "plain")
+# Padding keys get this logit (after scaling) in the fused form: exp() of it minus any real logit is an
+# exact 0 in float32 (below -104), and it stays finite in float16, so a row whose keys are all padding
+# gets a finite (unused) uniform softmax rather than NaN.
+_PADDING_LOGIT = -1e4
+
+
+class _FusedMultiHeadAttention(torch.autograd.Function):
+    """q [N, S, H*D], k [N, L, H*D], v [N, L, H*Dv] -> [N, S, H*Dv]; exported as one fused op."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, heads: int, scale: float):
+        def split(t):
+            return t.reshape(t.shape[0], t.shape[1], heads, -1).transpose(1, 2)
+
+        out = _attend(split(q), split(k), split(v), None, scale)
+        return out.transpose(1, 2).reshape(q.shape[0], q.shape[1], -1)
+
+    @staticmethod
+    def symbolic(g, q, k, v, heads, scale):
+        out = g.op("com.microsoft::MultiHeadAttention", q, k, v, num_heads_i=heads, scale_f=scale)
+        out.setType(q.type().with_sizes([None, None, None]))  # the exporter has no shape function for it
+        return out
+
+
+def attention(q, k, v, valid, scale: float, mode: str):
+    """q [N, H, S, D], k [N, H, L, D], v [N, H, L, Dv], valid [N, L] float (1 real, 0 padding) or None
+    -> [N, S, H*Dv], in the exported form `mode` names (ATTENTION_MODES)."""
+    n, heads, s, _ = q.shape
+    if mode == "plain":
+        out = _attend(q, k, v, None if valid is None else _key_padding_bias(valid), scale)
+        return out.transpose(1, 2).reshape(n, s, -1)
+    if valid is not None:
+        # Key padding as one more feature (q: 1/scale, k: 0 or the padding logit), so the op needs no
+        # mask input: with one, ONNX Runtime leaves its fastest kernel.
+        q = torch.cat([q, torch.full_like(q[..., :1], 1.0 / scale)], dim=-1)
+        penalty = ((1.0 - valid) * _PADDING_LOGIT)[:, None, :, None].expand(-1, heads, -1, -1)
+        k = torch.cat([k, penalty], dim=-1)
+
+    def flat(t):
+        return t.transpose(1, 2).reshape(t.shape[0], t.shape[2], -1)
+
+    return _FusedMultiHeadAttention.apply(flat(q), flat(k), flat(v), int(heads), float(scale))
+
+
 class MemoryConditioning(nn.Module):
     """The tracker's memory attention for N objects in one call (``_prepare_memory_conditioned_features``
     batched): each object's memories and pointers are gathered from device pools by index and padding
@@ -214,6 +264,7 @@ class MemoryConditioning(nn.Module):
         mem_pos = trk.memory_encoder.position_encoding((1, self.mem_dim, h, w), "cpu", torch.float32)
         self.memory_pos = mem_pos.flatten(2)[0].t()  # [HW, Cm], identical for every memory
         self.temporal_pointer_pe = trk.config.enable_temporal_pos_encoding_for_object_pointers
+        self.attention_mode = "plain"  # graphs.export sets the mode it was asked for (ATTENTION_MODES)
 
     def _pointer_tokens(self, pointers, offsets):
         """[N, P, C] pointers -> [N, P*C/Cm, Cm] tokens and their positional encodings (no RoPE)."""
@@ -230,8 +281,12 @@ class MemoryConditioning(nn.Module):
             pos = pos.repeat_interleave(splits, dim=1)
         return pointers, pos, splits
 
-    def _memory_attention(self, current, memory, memory_pos, bias, num_spatial):
-        """Batched copy of Sam3TrackerVideoMemoryAttention.forward with a key padding mask."""
+    def _memory_attention(self, current, memory, memory_pos, valid, num_spatial):
+        """Batched copy of Sam3TrackerVideoMemoryAttention.forward with a key padding mask.
+
+        current [1, HW, C] is the same for every object until the first cross-attention, so the first
+        layer's self-attention runs once, not once per object.
+        """
         attn = self.attn
         cos, sin = attn.rotary_emb(current, attn.position_ids)
         output = current + 0.1 * self.vision_pos
@@ -241,28 +296,34 @@ class MemoryConditioning(nn.Module):
             output = output + self._rope_attention(layer.self_attn, q_in, q_in, q_in, cos, sin, None, 1)
             q_in = layer.layer_norm2(output)
             output = output + self._rope_attention(
-                layer.cross_attn_image, q_in, memory + memory_pos, memory, cos, sin, bias, repeats
+                layer.cross_attn_image, q_in, memory + memory_pos, memory, cos, sin, valid, repeats
             )
             q_in = layer.layer_norm3(output)
             output = output + layer.linear2(layer.activation(layer.linear1(q_in)))
         return attn.layer_norm(output)
 
-    @staticmethod
-    def _rope_attention(module, query, key, value, cos, sin, bias, key_repeats):
+    def _rope_attention(self, module, query, key, value, cos, sin, valid, key_repeats):
         from transformers.models.sam3_tracker_video.modeling_sam3_tracker_video import rotate_pairwise
 
-        n = query.shape[0]
+        n = key.shape[0]  # query may be one row shared by every object
         heads, head_dim = module.num_attention_heads, module.head_dim
-        q = module.q_proj(query).view(n, -1, heads, head_dim).transpose(1, 2)
+        q = module.q_proj(query).view(query.shape[0], -1, heads, head_dim).transpose(1, 2)
         k = module.k_proj(key).view(n, -1, heads, head_dim).transpose(1, 2)
-        v = module.v_proj(value).view(n, -1, heads, head_dim).transpose(1, 2)
-        q = q * cos + rotate_pairwise(q) * sin
+        q = (q * cos + rotate_pairwise(q) * sin).expand(n, -1, -1, -1)
         num_rope = cos.shape[-2] * key_repeats  # spatial keys; pointer tokens after them get no RoPE
         k_rot, k_pass = k[:, :, :num_rope], k[:, :, num_rope:]
         cos_k, sin_k = cos.repeat(1, 1, key_repeats, 1), sin.repeat(1, 1, key_repeats, 1)
         k = torch.cat([k_rot * cos_k + rotate_pairwise(k_rot) * sin_k, k_pass], dim=2)
-        out = _attend(q, k, v, bias, module.scaling)
-        return module.o_proj(out.transpose(1, 2).reshape(n, -1, heads * head_dim))
+        v_proj = module.v_proj
+        if heads == 1 and v_proj.in_features < v_proj.out_features:
+            # Softmax rows sum to 1, so softmax(..) @ (X W + b) == (softmax(..) @ X) W + b: attending over
+            # the 64-wide memories and projecting after costs a quarter of attending over 256-wide values.
+            out = attention(q, k, value[:, None], valid, module.scaling, self.attention_mode)
+            out = v_proj(out)
+        else:
+            v = v_proj(value).view(n, -1, heads, head_dim).transpose(1, 2)
+            out = attention(q, k, v, valid, module.scaling, self.attention_mode)
+        return module.o_proj(out)
 
     def condition(self, tracker_feat, memory_pool, memory_index, memory_slot, memory_valid, pointer_pool,
                   pointer_index, pointer_offset, pointer_valid):
@@ -270,7 +331,7 @@ class MemoryConditioning(nn.Module):
         n, k = memory_index.shape
         h, w = self.hw
         hw = h * w
-        current = tracker_feat.flatten(2).transpose(1, 2).expand(n, -1, -1)  # [N, HW, C]
+        current = tracker_feat.flatten(2).transpose(1, 2)  # [1, HW, C]
 
         memory = memory_pool[memory_index.reshape(-1)].reshape(n, k * hw, self.mem_dim)
         temporal = self.trk.memory_temporal_positional_encoding.reshape(-1, self.mem_dim)[memory_slot]
@@ -282,8 +343,8 @@ class MemoryConditioning(nn.Module):
         valid = torch.cat(
             [memory_valid.repeat_interleave(hw, dim=1), pointer_valid.repeat_interleave(splits, dim=1)], dim=1
         )
-        fused = self._memory_attention(current, keys, keys_pos, _key_padding_bias(valid), k * hw)
-        return fused.transpose(1, 2).reshape(n, self.c, h, w)
+        conditioned = self._memory_attention(current, keys, keys_pos, valid, k * hw)
+        return conditioned.transpose(1, 2).reshape(n, self.c, h, w)
 
 
 class PropagationDecoder(MemoryConditioning):

@@ -75,6 +75,12 @@ def convert_bundle(bundle: Path, soc: str, out: Path, *, gears: dict[str, tuple[
         raise ConversionError(f"{out} already exists; pass --overwrite to replace it or choose another --out")
     source = Bundle.open(bundle)  # refuses a broken or changed bundle before any work
     manifest = source.manifest
+    fused = [name for name, entry in manifest["graphs"].items() if entry.get("attention") == "fused"]
+    if fused:
+        raise ConversionError(
+            f"{bundle}: {', '.join(fused)} use ONNX Runtime's fused attention op (com.microsoft MultiHeadAttention), "
+            "which ATC cannot parse; export the bundle again with standard ops for Ascend: "
+            "python -m graphs.export ... --attention plain")
     plans = make_plans(manifest, gears, shape_range, precision)
     # ascend.md 1.3: mixed_bfloat16 is for A2/910B only. [unconfirmed] which other SoCs accept it: warn, not refuse.
     bf16 = [g for g, p in plans.items() if p.precision == "mixed_bfloat16"]

@@ -16,3 +16,12 @@ def tiny_bundle(tmp_path_factory) -> Path:
 
     out = tmp_path_factory.mktemp("bundles") / "tiny"
     return export_bundle(None, out, tiny_seed=0, log=lambda *_: None)
+
+
+@pytest.fixture(scope="session")
+def tiny_plain_bundle(tmp_path_factory) -> Path:
+    """The tiny bundle with standard-op attention (--attention plain): what om.convert (ATC) needs."""
+    from graphs.export import export_bundle
+
+    out = tmp_path_factory.mktemp("bundles") / "tiny-plain"
+    return export_bundle(None, out, tiny_seed=0, log=lambda *_: None, attention="plain")

@@ -25,13 +25,13 @@ from .conftest import CLIPS
 
 
 @pytest.fixture(scope="module")
-def om_bundle(tiny_bundle, tmp_path_factory):
+def om_bundle(tiny_plain_bundle, tmp_path_factory):
     bin_dir = tmp_path_factory.mktemp("fakebin")
     install_fake_atc(bin_dir)
     out = tmp_path_factory.mktemp("om") / "tiny-om"
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
-        om = convert_bundle(tiny_bundle, "Ascend910B2", out, log=lambda *_: None)
+        om = convert_bundle(tiny_plain_bundle, "Ascend910B2", out, log=lambda *_: None)
     assert om["compiled"]
     return out
 
@@ -103,12 +103,12 @@ def test_a_60_frame_run_keeps_features_and_memory_on_the_device(om_bundle):
         assert emu.stats.live_allocations == 0 and not emu.stats.leaks
 
 
-def test_a_plain_bundle_or_a_planned_one_is_refused_by_acl(tiny_bundle, om_bundle, tmp_path):
+def test_a_plain_bundle_or_a_planned_one_is_refused_by_acl(tiny_bundle, tiny_plain_bundle, om_bundle, tmp_path):
     with install():
         with pytest.raises(sam3track.BundleError, match="om.convert"):
             sam3track.load(tiny_bundle, backend="acl", device="npu:0")
         planned = tmp_path / "planned"
-        convert_bundle(tiny_bundle, "Ascend910B2", planned, atc=None, log=lambda *_: None)
+        convert_bundle(tiny_plain_bundle, "Ascend910B2", planned, atc=None, log=lambda *_: None)
         with pytest.raises(sam3track.BundleError, match="planned, not compiled"):
             sam3track.load(planned, backend="acl", device="npu:0")
 

@@ -40,11 +40,11 @@ def fake_bin(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def converted(tiny_bundle, fake_bin, tmp_path_factory) -> tuple[Path, dict]:
+def converted(tiny_plain_bundle, fake_bin, tmp_path_factory) -> tuple[Path, dict]:
     out = tmp_path_factory.mktemp("om") / "tiny-om"
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("PATH", f"{fake_bin}{os.pathsep}{os.environ['PATH']}")
-        om = convert_bundle(tiny_bundle, "Ascend910B2", out, gears=GEARS, shape_range=("memory_encoder",),
+        om = convert_bundle(tiny_plain_bundle, "Ascend910B2", out, gears=GEARS, shape_range=("memory_encoder",),
                             precision={"backbone": "mixed_float16"}, log=lambda *_: None)
     return out, om
 
@@ -94,9 +94,9 @@ def test_the_fake_om_agrees_with_the_om_manifest(converted):
         "mixed_float16"
 
 
-def test_plans_recorded_in_the_om_manifest(converted, tiny_bundle):
+def test_plans_recorded_in_the_om_manifest(converted, tiny_plain_bundle):
     out, om = converted
-    manifest = json.loads((tiny_bundle / "manifest.json").read_text())
+    manifest = json.loads((tiny_plain_bundle / "manifest.json").read_text())
     caps = default_capacities(manifest)
     dec = om["graphs"]["propagation_decoder"]
     assert dec["axes"] == {"memory_rows": [caps["memory_rows"]], "objects": [1, 2, 4, 8, 16], "memories": [4, 10],
@@ -143,10 +143,10 @@ def test_the_om_bundle_is_a_bundle_of_atc_ready_graphs(converted):
     assert dims["low_res_masks"] == ["objects", 1, 32, 32]  # the exporter's spurious dim_params are gone
 
 
-def test_without_atc_the_bundle_is_planned_not_compiled(tiny_bundle, tmp_path, monkeypatch, capsys):
+def test_without_atc_the_bundle_is_planned_not_compiled(tiny_plain_bundle, tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("PATH", str(tmp_path / "empty-bin"))
     out = tmp_path / "planned"
-    assert convert_main([str(tiny_bundle), "--soc", "Ascend910B2", "--out", str(out)]) == 0
+    assert convert_main([str(tiny_plain_bundle), "--soc", "Ascend910B2", "--out", str(out)]) == 0
     assert "planned, not compiled" in capsys.readouterr().out
     om = json.loads((out / "om_manifest.json").read_text())
     assert om["compiled"] is False and all(g["om_file"] is None for g in om["graphs"].values())
@@ -164,18 +164,18 @@ def test_without_atc_the_bundle_is_planned_not_compiled(tiny_bundle, tmp_path, m
     assert "propagation_decoder    dynamic_batch" in shown and "memory_rows=961 (fixed)" in shown
 
     # an existing OUT is refused without --overwrite, and nothing half-written is left behind
-    assert convert_main([str(tiny_bundle), "--soc", "Ascend910B2", "--out", str(out)]) == 2
+    assert convert_main([str(tiny_plain_bundle), "--soc", "Ascend910B2", "--out", str(out)]) == 2
     assert "--overwrite" in capsys.readouterr().err
     assert not (tmp_path / "planned.partial").exists()
 
 
-def test_cli_refuses_unknown_axes_and_bad_gears(tiny_bundle, tmp_path, capsys):
+def test_cli_refuses_unknown_axes_and_bad_gears(tiny_plain_bundle, tmp_path, capsys):
     out = tmp_path / "x"
-    assert convert_main([str(tiny_bundle), "--soc", "Ascend910B2", "--out", str(out), "--gears", "frames=1,2"]) == 2
+    assert convert_main([str(tiny_plain_bundle), "--soc", "Ascend910B2", "--out", str(out), "--gears", "frames=1,2"]) == 2
     assert "unknown axis 'frames'" in capsys.readouterr().err
-    assert convert_main([str(tiny_bundle), "--soc", "Ascend910B2", "--out", str(out), "--gears", "objects=0,2"]) == 2
+    assert convert_main([str(tiny_plain_bundle), "--soc", "Ascend910B2", "--out", str(out), "--gears", "objects=0,2"]) == 2
     assert "not a positive integer" in capsys.readouterr().err
-    assert convert_main([str(tiny_bundle), "--soc", "Ascend910B2", "--out", str(out),
+    assert convert_main([str(tiny_plain_bundle), "--soc", "Ascend910B2", "--out", str(out),
                          "--gears", "objects=1,2,4,8,16", "memories=1,2,4,8", "pointers=1,2,4,8,16,32"]) == 2
     err = capsys.readouterr().err
     assert "propagation_decoder: 120 --dynamic_dims profiles" in err and "accepts 2 to 100" in err
@@ -183,8 +183,8 @@ def test_cli_refuses_unknown_axes_and_bad_gears(tiny_bundle, tmp_path, capsys):
 
 
 # ------------------------------------------------------------------------------------------- plans
-def test_default_capacities_follow_the_tracker_config(tiny_bundle):
-    manifest = json.loads((tiny_bundle / "manifest.json").read_text())
+def test_default_capacities_follow_the_tracker_config(tiny_plain_bundle):
+    manifest = json.loads((tiny_plain_bundle / "manifest.json").read_text())
     trk = manifest["config"]["tracker"]
     trk.update(num_maskmem=7, max_cond_frame_num=4, max_object_pointers_in_encoder=16)
     # K = cond + maskmem - 1, P = 16 + ptrs - 1, rows = 1 + 64 * (n + 8)
@@ -233,8 +233,8 @@ def test_two_dynamic_options_are_refused():
         plan.validate()
 
 
-def test_120_profiles_are_refused(tiny_bundle):
-    manifest = json.loads((tiny_bundle / "manifest.json").read_text())
+def test_120_profiles_are_refused(tiny_plain_bundle):
+    manifest = json.loads((tiny_plain_bundle / "manifest.json").read_text())
     gears = {"objects": (1, 2, 4, 8, 16), "memories": (1, 2, 4, 8), "pointers": (1, 2, 4, 8, 16, 32)}
     with pytest.raises(PlanError, match=r"propagation_decoder: 120 --dynamic_dims profiles \(objects 5 x "
                                         r"memories 4 x pointers 6\); ATC accepts 2 to 100"):
@@ -276,26 +276,26 @@ def _plans(bundle: Path) -> dict[str, GraphPlan]:
     return make_plans(json.loads((bundle / "manifest.json").read_text()))
 
 
-def test_prepass_refuses_custom_domain_nodes(tiny_bundle, tmp_path):
-    model = onnx.load(str(tiny_bundle / "mask_init.onnx"))
+def test_prepass_refuses_custom_domain_nodes(tiny_plain_bundle, tmp_path):
+    model = onnx.load(str(tiny_plain_bundle / "mask_init.onnx"))
     node = next(n for n in model.graph.node if n.op_type == "LayerNormalization")
     node.domain = "com.microsoft"
     model.opset_import.add(domain="com.microsoft", version=1)
     src = tmp_path / "mask_init.onnx"
     onnx.save(model, str(src))
-    manifest = json.loads((tiny_bundle / "manifest.json").read_text())
+    manifest = json.loads((tiny_plain_bundle / "manifest.json").read_text())
     with pytest.raises(PrepassError, match=rf"graph mask_init: node '{node.name}' is op LayerNormalization of domain "
                                            r"'com.microsoft'.*E19010"):
-        make_atc_ready(src, _plans(tiny_bundle)["mask_init"], manifest, tmp_path / "out.onnx")
+        make_atc_ready(src, _plans(tiny_plain_bundle)["mask_init"], manifest, tmp_path / "out.onnx")
 
 
-def test_prepass_keeps_one_default_opset_and_checks_its_rewrite(tiny_bundle, tmp_path):
-    model = onnx.load(str(tiny_bundle / "memory_encoder.onnx"))
+def test_prepass_keeps_one_default_opset_and_checks_its_rewrite(tiny_plain_bundle, tmp_path):
+    model = onnx.load(str(tiny_plain_bundle / "memory_encoder.onnx"))
     model.opset_import.add(domain="com.microsoft", version=1)  # imported, unused: dropped
     src = tmp_path / "memory_encoder.onnx"
     onnx.save(model, str(src))
-    manifest = json.loads((tiny_bundle / "manifest.json").read_text())
-    plan = _plans(tiny_bundle)["memory_encoder"]
+    manifest = json.loads((tiny_plain_bundle / "manifest.json").read_text())
+    plan = _plans(tiny_plain_bundle)["memory_encoder"]
     report = make_atc_ready(src, plan, manifest, tmp_path / "ready.onnx")
     assert report.check_sizes == {"objects": 2}
     wide = [t.name for t in plan.inputs if t.dtype in ("int64", "bool")]
@@ -435,3 +435,14 @@ def test_converter_and_fake_atc_never_import_torch():
             "sys.exit(1 if 'torch' in sys.modules else 0)")
     root = str(Path(fake_atc.__file__).resolve().parents[2])
     assert subprocess.run([sys.executable, "-c", code], env={**os.environ, "PYTHONPATH": root}).returncode == 0
+
+
+def test_a_bundle_with_fused_attention_is_refused_before_any_work(tiny_bundle, tmp_path):
+    """The default export fuses attention into com.microsoft MultiHeadAttention, which ATC cannot parse:
+    conversion stops at once, names the graphs and the export switch, and writes nothing."""
+    out = tmp_path / "om"
+    with pytest.raises(ConversionError) as info:
+        convert_bundle(tiny_bundle, "Ascend910B2", out, atc=None, log=lambda *_: None)
+    message = str(info.value)
+    assert "propagation_decoder" in message and "interactive_decoder" in message and "--attention plain" in message
+    assert not out.exists() and not list(tmp_path.iterdir())
