@@ -26,7 +26,10 @@ from pathlib import Path
 
 import numpy as np
 
-FP32_TOL, FP16_TOL = 1e-4, 2e-2
+# int8 (dynamic quantisation) is checked only for computing the same thing roughly; its real cost is
+# measured end to end (ids and mask IoU) by python -m benchmarks.run. A decoder's masks are not held to
+# it: an object score near 0 that changes sign turns a whole mask into the no-object fill.
+FP32_TOL, FP16_TOL, INT8_TOL = 1e-4, 2e-2, 2e-1
 SENTINEL = 1000.0  # masks filled with NO_OBJ_SCORE (-1024) are excluded from the error scale
 
 
@@ -153,7 +156,9 @@ class Checker:
         return self.session(name).run(None, {k: np.ascontiguousarray(v, dtype=dtypes[k]) for k, v in feeds.items()})
 
     def compare(self, graph, case, names, got, ref, bf16_outputs=()):
-        fp16 = self.manifest["graphs"][graph]["precision"] == "fp16"
+        precision = self.manifest["graphs"][graph]["precision"]
+        fp16 = precision != "fp32"  # bf16 steps are not the criterion of a reduced-precision graph
+        tol = {"fp16": FP16_TOL, "int8": INT8_TOL}.get(precision, FP32_TOL)
         for name, g, r in zip(names, got, ref):
             r = np.asarray(r, dtype=np.float32)
             if g.shape != r.shape:
@@ -166,7 +171,7 @@ class Checker:
                 self.rows.append(Row(graph, case, name, max_abs, rel, None, "" if within else "beyond one bf16 step",
                                      criterion=BF16_CRITERION, criterion_met=within))
             else:
-                self.rows.append(Row(graph, case, name, max_abs, rel, FP16_TOL if fp16 else FP32_TOL))
+                self.rows.append(Row(graph, case, name, max_abs, rel, tol))
 
     # ------------------------------------------------------------------------------------ inputs
     def image_features(self, images: int = 1):

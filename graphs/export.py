@@ -1,6 +1,6 @@
 """Export a SAM 3 video checkpoint into a sam3track bundle.
 
-    python -m graphs.export --checkpoint DIR --out BUNDLE [--fp16 GRAPH ...] [--attention plain]
+    python -m graphs.export --checkpoint DIR --out BUNDLE [--fp16 GRAPH ...] [--int8 GRAPH ...] [--attention plain]
     python -m graphs.export --tiny [--seed N] --out BUNDLE       # = --preset tiny
     python -m graphs.export --preset mid --out BUNDLE             # the benchmarks' model (real widths)
     python -m graphs.export --demo --out sam3track/demo_bundle --overwrite   # the shipped demo bundle
@@ -41,7 +41,7 @@ class ExportError(Exception):
     pass
 
 
-def _export_graph(model, name: str, dims, out_dir: Path, fp16: bool, attention: str = "fused") -> dict:
+def _export_graph(model, name: str, dims, out_dir: Path, precision: str = "fp32", attention: str = "fused") -> dict:
     import onnx
     import torch
 
@@ -64,15 +64,15 @@ def _export_graph(model, name: str, dims, out_dir: Path, fp16: bool, attention: 
         )
     proto = onnx.load(str(path))
     _deduplicate_constants(proto)
-    if fp16:
-        from onnxruntime.transformers.float16 import convert_float_to_float16
+    if precision == "fp16":
+        from onnxruntime.transformers.float16 import DEFAULT_OP_BLOCK_LIST, convert_float_to_float16
 
-        # Inputs and outputs stay float32 so the runtime binds the same buffers for either precision.
-        from onnxruntime.transformers.float16 import DEFAULT_OP_BLOCK_LIST
-
-        # The fused attention op keeps float32 (its padding logit and softmax want the range).
+        # Inputs and outputs stay float32 so the runtime binds the same buffers for either precision;
+        # the fused attention op keeps float32 too (its padding logit and softmax want the range).
         proto = convert_float_to_float16(proto, keep_io_types=True,
                                          op_block_list=DEFAULT_OP_BLOCK_LIST + ["MultiHeadAttention"])
+    elif precision == "int8":
+        proto = _quantize_int8(proto, out_dir)
     data_files = []
     if proto.ByteSize() > EXTERNAL_DATA_THRESHOLD or (out_dir / f"{name}.onnx.data").exists():
         data_name = f"{name}.onnx.data"
@@ -95,12 +95,35 @@ def _export_graph(model, name: str, dims, out_dir: Path, fp16: bool, attention: 
         "data_files": data_files,
         "sha256": {f: file_sha256(out_dir / f) for f in files},
         "bytes": sum((out_dir / f).stat().st_size for f in files),
-        "precision": "fp16" if fp16 else "fp32",
+        "precision": precision,
         # how its attention was exported (modules.ATTENTION_MODES), for graphs that have one
         **({"attention": attention} if hasattr(module, "attention_mode") else {}),
         "inputs": tensors(spec.inputs),
         "outputs": tensors(spec.outputs),
     }
+
+
+def _quantize_int8(proto, work_dir: Path):
+    """ONNX Runtime dynamic quantisation of the MatMuls with constant weights: int8 weights (per
+    tensor), activations quantised per call (uint8), float32 everywhere else. Inputs and outputs keep
+    their types, so the runtime cannot tell. Where it pays and what it costs in fidelity is measured by
+    ``python -m benchmarks.run`` (the README's table)."""
+    import logging
+
+    import onnx
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    with tempfile.TemporaryDirectory(dir=work_dir) as tmp:
+        src, dst = Path(tmp) / "fp32.onnx", Path(tmp) / "int8.onnx"
+        large = proto.ByteSize() > EXTERNAL_DATA_THRESHOLD
+        onnx.save_model(proto, str(src), save_as_external_data=large)
+        logging.disable(logging.WARNING)  # its advice to run a pre-processing pass is for static quantisation
+        try:
+            quantize_dynamic(src, dst, op_types_to_quantize=["MatMul"], weight_type=QuantType.QInt8,
+                             use_external_data_format=large, extra_options={"MatMulConstBOnly": True})
+        finally:
+            logging.disable(logging.NOTSET)
+        return onnx.load(str(dst))
 
 
 def _deduplicate_constants(proto) -> int:
@@ -227,14 +250,15 @@ def _recorded_checkpoint(checkpoint: Path, tiny_seed: int | None, keep_source: b
 
 def export_bundle(checkpoint: Path, out: Path, fp16: tuple[str, ...] = (), overwrite: bool = False,
                   tiny_seed: int | None = None, log=print, tiny_preset: str = "tiny",
-                  keep_source: bool = True, attention: str = "fused") -> Path:
+                  keep_source: bool = True, attention: str = "fused", int8: tuple[str, ...] = ()) -> Path:
     """Build the bundle for `checkpoint` (or a fresh small checkpoint when tiny_seed is set) at `out`.
 
     ``tiny_preset`` names the small model (graphs.tiny.PRESETS). ``keep_source=False`` leaves the
     seeded checkpoint out of the bundle (the shipped demo bundle: the runtime never reads it, and
     graphs.check rebuilds it from the seed and preset the manifest records). ``attention``: "fused"
     (ONNX Runtime's MultiHeadAttention op) or "plain" (standard ops only: what ATC, and so
-    ``om.convert``, needs); see graphs/modules.py.
+    ``om.convert``, needs); see graphs/modules.py. ``int8``: graphs to quantise (ONNX Runtime
+    dynamic quantisation of their weight MatMuls).
     """
     import onnx
     import torch
@@ -249,9 +273,13 @@ def export_bundle(checkpoint: Path, out: Path, fp16: tuple[str, ...] = (), overw
 
     if attention not in ATTENTION_MODES:
         raise ExportError(f"--attention {attention!r}: choose from {', '.join(ATTENTION_MODES)}")
-    unknown = [g for g in fp16 if g not in GRAPHS]
-    if unknown:
-        raise ExportError(f"--fp16 names unknown graphs {unknown}; choose from {', '.join(GRAPHS)}")
+    for flag, names in (("--fp16", fp16), ("--int8", int8)):
+        unknown = [g for g in names if g not in GRAPHS]
+        if unknown:
+            raise ExportError(f"{flag} names unknown graphs {unknown}; choose from {', '.join(GRAPHS)}")
+    both = sorted(set(fp16) & set(int8))
+    if both:
+        raise ExportError(f"{', '.join(both)}: named in both --fp16 and --int8; a graph has one precision")
     if checkpoint is not None:
         validate_checkpoint(checkpoint)  # fail fast, before creating anything
     if tiny_seed is not None:
@@ -277,7 +305,8 @@ def export_bundle(checkpoint: Path, out: Path, fp16: tuple[str, ...] = (), overw
         graphs = {}
         for name in GRAPHS:
             t0 = time.perf_counter()
-            graphs[name] = _export_graph(model, name, dims, staging, fp16=name in fp16, attention=attention)
+            precision = "fp16" if name in fp16 else "int8" if name in int8 else "fp32"
+            graphs[name] = _export_graph(model, name, dims, staging, precision=precision, attention=attention)
             log(f"exported {name:<20} {graphs[name]['bytes'] / 1e6:9.1f} MB  {time.perf_counter() - t0:6.1f} s")
         manifest = {
             "format_version": FORMAT_VERSION,
@@ -333,6 +362,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--fp16", nargs="+", default=[], metavar="GRAPH",
                         help=f"graphs to store in fp16 ({', '.join(GRAPHS)} or 'all'; 'all' keeps the text "
                              "encoder in fp32, whose fp16 numerics are risky on Ascend: name it to include it)")
+    parser.add_argument("--int8", nargs="+", default=[], metavar="GRAPH",
+                        help="graphs to quantise to int8 weights (ONNX Runtime dynamic quantisation; CPU fast path "
+                             "with a fidelity cost: see the README's benchmark table), e.g. --int8 backbone")
     parser.add_argument("--attention", choices=("fused", "plain"), default="fused",
                         help="memory attention as ONNX Runtime's fused MultiHeadAttention op (default: fast, no "
                              "[objects, HW, memories*HW] score tensor) or plain standard ops (for om.convert: ATC "
@@ -346,7 +378,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         export_bundle(args.checkpoint, args.out, fp16=fp16, overwrite=args.overwrite,
                       tiny_seed=args.seed if preset else None,
-                      tiny_preset=preset or "tiny", keep_source=preset != "demo", attention=args.attention)
+                      tiny_preset=preset or "tiny", keep_source=preset != "demo", attention=args.attention,
+                      int8=tuple(args.int8))
     except (CheckpointError, ExportError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

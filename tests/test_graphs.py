@@ -151,10 +151,10 @@ def test_existing_bundle_is_kept_without_overwrite(tiny_bundle):
 
 def test_fp16_graphs_export_and_stay_close(tiny_bundle, tmp_path):
     out = export.export_bundle(Path(tiny_bundle) / "source", tmp_path / "half",
-                               fp16=("memory_encoder", "mask_init"), log=lambda *_: None)
+                               fp16=("memory_encoder", "mask_init", "propagation_decoder"), log=lambda *_: None)
     m = json.loads((out / "manifest.json").read_text())
     assert m["graphs"]["mask_init"]["precision"] == "fp16" and m["graphs"]["text_encoder"]["precision"] == "fp32"
-    rows = run_checks(out, checkpoint=Path(tiny_bundle) / "source", graphs=["memory_encoder", "mask_init"],
+    rows = run_checks(out, checkpoint=Path(tiny_bundle) / "source", graphs=["memory_encoder", "mask_init", "propagation_decoder"],
                       log=lambda *_: None)
     assert rows and all(r.ok for r in rows), [(r.case, r.output, r.rel) for r in rows if not r.ok]
 
@@ -172,3 +172,45 @@ def test_check_rows_print_the_criterion_that_decides_them():
     assert Row("g", "c", "o", 1.0, 5e-5, 1e-4).line().endswith("1e-04 ok")
     assert "1e-04 OVER" in Row("g", "c", "o", 1.0, 2e-4, 1e-4).line()
     assert not Row("g", "c", "o", float("inf"), float("inf"), 0.0, "FAIL shape (1,) != (2,)").ok
+
+
+def test_int8_graphs_export_and_stay_close(tiny_bundle, tmp_path):
+    """--int8: weight MatMuls become dynamically quantised (int8 weights), inputs and outputs keep
+    float32, and graphs.check holds them to the int8 bound (their real cost is measured end to end)."""
+    import onnx
+
+    out = export.export_bundle(Path(tiny_bundle) / "source", tmp_path / "int8",
+                               int8=("backbone", "memory_encoder"), log=lambda *_: None)
+    m = json.loads((out / "manifest.json").read_text())
+    assert m["graphs"]["backbone"]["precision"] == "int8"
+    assert m["graphs"]["propagation_decoder"]["precision"] == "fp32"
+    ops = {n.op_type for n in onnx.load(str(out / "backbone.onnx")).graph.node}
+    assert {"DynamicQuantizeLinear", "MatMulInteger"} <= ops
+    assert m["graphs"]["backbone"]["inputs"] == json.loads(
+        (Path(tiny_bundle) / "manifest.json").read_text())["graphs"]["backbone"]["inputs"]
+    rows = run_checks(out, checkpoint=Path(tiny_bundle) / "source", graphs=["backbone", "memory_encoder"],
+                      log=lambda *_: None)
+    assert rows and all(r.ok for r in rows), [(r.case, r.output, r.rel) for r in rows if not r.ok]
+    with pytest.raises(export.ExportError, match="both --fp16 and --int8"):
+        export.export_bundle(None, tmp_path / "x", tiny_seed=0, fp16=("backbone",), int8=("backbone",),
+                             log=lambda *_: None)
+
+
+def test_attention_is_fused_by_default_and_plain_on_request(tiny_bundle, tiny_plain_bundle):
+    """The default bundle runs memory attention as com.microsoft MultiHeadAttention; --attention plain
+    gives standard ops only (what ATC parses) with the same results; each manifest says which."""
+    import onnx
+
+    for bundle, mode in ((tiny_bundle, "fused"), (tiny_plain_bundle, "plain")):
+        m = json.loads((Path(bundle) / "manifest.json").read_text())
+        assert m["exporter"]["attention"] == mode
+        for name in ("propagation_decoder", "interactive_decoder"):
+            assert m["graphs"][name]["attention"] == mode
+            domains = {n.domain for n in onnx.load(str(Path(bundle) / f"{name}.onnx")).graph.node}
+            assert ("com.microsoft" in domains) == (mode == "fused"), (name, domains)
+        assert "attention" not in m["graphs"]["memory_encoder"]
+    rows = run_checks(tiny_plain_bundle, graphs=["propagation_decoder", "interactive_decoder"], log=lambda *_: None)
+    assert rows and all(r.ok for r in rows), [(r.case, r.output, r.rel) for r in rows if not r.ok]
+    with pytest.raises(export.ExportError, match="--attention 'flash'"):
+        export.export_bundle(None, Path(tiny_bundle).parent / "never", tiny_seed=0, attention="flash",
+                             log=lambda *_: None)
