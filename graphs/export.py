@@ -46,6 +46,7 @@ def _export_graph(model, name: str, dims, out_dir: Path, precision: str = "fp32"
     import torch
 
     from . import specs
+    from .modules import transformers_attention
 
     spec = specs.graph_specs(dims)[name]
     module = spec.module(model).eval()
@@ -54,13 +55,14 @@ def _export_graph(model, name: str, dims, out_dir: Path, precision: str = "fp32"
     inputs = specs.sample_inputs(spec, dims, TRACE_SIZES)
     args = tuple(inputs[t.name] for t in spec.inputs)
     path = out_dir / f"{name}.onnx"
-    with torch.no_grad(), warnings.catch_warnings():
+    layers = attention
+    with torch.no_grad(), warnings.catch_warnings(), transformers_attention(module, layers):
         warnings.simplefilter("ignore")  # tracer warnings about Python control flow on fixed sizes
         torch.onnx.export(
             module, args, str(path), input_names=[t.name for t in spec.inputs],
             output_names=[t.name for t in spec.outputs], dynamic_axes=spec.dynamic_axes,
             opset_version=OPSET, dynamo=False, do_constant_folding=True,
-            custom_opsets={"com.microsoft": 1} if getattr(module, "attention_mode", None) == "fused" else None,
+            custom_opsets={"com.microsoft": 1} if layers == "fused" else None,
         )
     proto = onnx.load(str(path))
     _deduplicate_constants(proto)
@@ -96,8 +98,8 @@ def _export_graph(model, name: str, dims, out_dir: Path, precision: str = "fp32"
         "sha256": {f: file_sha256(out_dir / f) for f in files},
         "bytes": sum((out_dir / f).stat().st_size for f in files),
         "precision": precision,
-        # how its attention was exported (modules.ATTENTION_MODES), for graphs that have one
-        **({"attention": attention} if hasattr(module, "attention_mode") else {}),
+        # "fused" where the graph runs ONNX Runtime's fused attention op (which ATC cannot parse), else "plain"
+        "attention": "fused" if any(n.domain == "com.microsoft" for n in proto.graph.node) else "plain",
         "inputs": tensors(spec.inputs),
         "outputs": tensors(spec.outputs),
     }

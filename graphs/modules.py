@@ -21,6 +21,7 @@ graphs that use them instead of travelling between graphs every frame.
 
 from __future__ import annotations
 
+import contextlib
 import types
 
 import torch
@@ -221,6 +222,45 @@ class _FusedMultiHeadAttention(torch.autograd.Function):
         out = g.op("com.microsoft::MultiHeadAttention", q, k, v, num_heads_i=heads, scale_f=scale)
         out.setType(q.type().with_sizes([None, None, None]))  # the exporter has no shape function for it
         return out
+
+
+TRANSFORMERS_FUSED = "sam3track_fused"  # the attention implementation name registered with transformers
+
+
+def _transformers_fused_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0,
+                                  is_causal=False, **kwargs):
+    """transformers' attention-function signature (q, k, v [B, H, S, D]; returns [B, S, H, D], weights)
+    on the fused op. Calls with a mask (text padding, relative-position biases, causal) keep the
+    standard ops: the op's mask inputs would leave its fast path anyway."""
+    from transformers.models.sam3.modeling_sam3 import eager_attention_forward
+
+    if attention_mask is not None or is_causal or dropout:
+        return eager_attention_forward(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout)
+    scale = query.shape[-1] ** -0.5 if scaling is None else scaling
+    out = attention(query, key, value, None, scale, "fused")
+    return out.reshape(out.shape[0], out.shape[1], query.shape[1], -1), None
+
+
+@contextlib.contextmanager
+def transformers_attention(module: nn.Module, mode: str):
+    """Export the transformers attention layers inside `module` in `mode` (ATTENTION_MODES): "fused"
+    switches their configs to the fused function for the duration, "plain" to the standard-op one."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, eager_mask
+
+    AttentionInterface.register(TRANSFORMERS_FUSED, _transformers_fused_attention)
+    # masks are built per implementation name: ours gets eager's additive masks (and runs eager with them)
+    AttentionMaskInterface.register(TRANSFORMERS_FUSED, eager_mask)
+    configs = {id(m.config): m.config for m in module.modules()
+               if hasattr(getattr(m, "config", None), "_attn_implementation_internal")}
+    saved = {key: config._attn_implementation_internal for key, config in configs.items()}
+    try:
+        for config in configs.values():
+            config._attn_implementation_internal = TRANSFORMERS_FUSED if mode == "fused" else "eager"
+        yield
+    finally:
+        for key, config in configs.items():
+            config._attn_implementation_internal = saved[key]
 
 
 def attention(q, k, v, valid, scale: float, mode: str):

@@ -208,7 +208,7 @@ def test_attention_is_fused_by_default_and_plain_on_request(tiny_bundle, tiny_pl
             assert m["graphs"][name]["attention"] == mode
             domains = {n.domain for n in onnx.load(str(Path(bundle) / f"{name}.onnx")).graph.node}
             assert ("com.microsoft" in domains) == (mode == "fused"), (name, domains)
-        assert "attention" not in m["graphs"]["memory_encoder"]
+        assert m["graphs"]["memory_encoder"]["attention"] == "plain"  # convolutions only
     rows = run_checks(tiny_plain_bundle, graphs=["propagation_decoder", "interactive_decoder"], log=lambda *_: None)
     assert rows and all(r.ok for r in rows), [(r.case, r.output, r.rel) for r in rows if not r.ok]
     with pytest.raises(export.ExportError, match="--attention 'flash'"):
