@@ -237,8 +237,8 @@ def _transformers_fused_attention(module, query, key, value, attention_mask, sca
     if attention_mask is not None or is_causal or dropout:
         return eager_attention_forward(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout)
     scale = query.shape[-1] ** -0.5 if scaling is None else scaling
-    out = attention(query, key, value, None, scale, "fused")
-    return out.reshape(out.shape[0], out.shape[1], query.shape[1], -1), None
+    out = attention(query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2), None, scale, "fused")
+    return out.unflatten(-1, (query.shape[1], -1)), None
 
 
 @contextlib.contextmanager
@@ -264,23 +264,28 @@ def transformers_attention(module: nn.Module, mode: str):
 
 
 def attention(q, k, v, valid, scale: float, mode: str):
-    """q [N, H, S, D], k [N, H, L, D], v [N, H, L, Dv], valid [N, L] float (1 real, 0 padding) or None
-    -> [N, S, H*Dv], in the exported form `mode` names (ATTENTION_MODES)."""
-    n, heads, s, _ = q.shape
+    """q [N, S, H, D], k [N, L, H, D], v [N, L, H, Dv] (sequence before heads, as projections give them),
+    valid [N, L] float (1 real, 0 padding) or None -> [N, S, H*Dv], in the form `mode` names
+    (ATTENTION_MODES)."""
+    n, s, heads = q.shape[0], q.shape[1], q.shape[2]
     if mode == "plain":
-        out = _attend(q, k, v, None if valid is None else _key_padding_bias(valid), scale)
+        bias = None if valid is None else _key_padding_bias(valid)
+        out = _attend(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), bias, scale)
         return out.transpose(1, 2).reshape(n, s, -1)
     if valid is not None:
         # Key padding as one more feature (q: 1/scale, k: 0 or the padding logit), so the op needs no
         # mask input: with one, ONNX Runtime leaves its fastest kernel.
         q = torch.cat([q, torch.full_like(q[..., :1], 1.0 / scale)], dim=-1)
-        penalty = ((1.0 - valid) * _PADDING_LOGIT)[:, None, :, None].expand(-1, heads, -1, -1)
+        penalty = ((1.0 - valid) * _PADDING_LOGIT)[:, :, None, None].expand(-1, -1, heads, -1)
         k = torch.cat([k, penalty], dim=-1)
+    return _FusedMultiHeadAttention.apply(q.flatten(2), k.flatten(2), v.flatten(2), int(heads), float(scale))
 
-    def flat(t):
-        return t.transpose(1, 2).reshape(t.shape[0], t.shape[2], -1)
 
-    return _FusedMultiHeadAttention.apply(flat(q), flat(k), flat(v), int(heads), float(scale))
+def _rope(x, cos, signed_sin):
+    """RoPE on the last axis: x * cos + rotate_pairwise(x) * sin, with rotate_pairwise's negation folded
+    into ``signed_sin`` so the rotation is one pair swap (bit for bit the same products)."""
+    swapped = x.unflatten(-1, (-1, 2)).flip(-1).flatten(-2)
+    return x * cos + swapped * signed_sin
 
 
 class MemoryConditioning(nn.Module):
@@ -333,7 +338,7 @@ class MemoryConditioning(nn.Module):
         repeats = num_spatial // current.shape[1]
         for layer in attn.layers:
             q_in = layer.layer_norm1(output)
-            output = output + self._rope_attention(layer.self_attn, q_in, q_in, q_in, cos, sin, None, 1)
+            output = output + self._rope_attention(layer.self_attn, q_in, q_in, q_in, cos, sin, None, 1, False)
             q_in = layer.layer_norm2(output)
             output = output + self._rope_attention(
                 layer.cross_attn_image, q_in, memory + memory_pos, memory, cos, sin, valid, repeats
@@ -342,26 +347,30 @@ class MemoryConditioning(nn.Module):
             output = output + layer.linear2(layer.activation(layer.linear1(q_in)))
         return attn.layer_norm(output)
 
-    def _rope_attention(self, module, query, key, value, cos, sin, valid, key_repeats):
-        from transformers.models.sam3_tracker_video.modeling_sam3_tracker_video import rotate_pairwise
-
+    def _rope_attention(self, module, query, key, value, cos, sin, valid, key_repeats, pointers=True):
+        """One attention of a memory-attention layer, RoPE on queries and on the first HW*key_repeats keys
+        (spatial memories; pointer tokens after them, if ``pointers``, get none). Tensors stay
+        [batch, sequence, heads, head_dim]: no transposes, and the RoPE tables broadcast over memories."""
         n = key.shape[0]  # query may be one row shared by every object
         heads, head_dim = module.num_attention_heads, module.head_dim
-        q = module.q_proj(query).view(query.shape[0], -1, heads, head_dim).transpose(1, 2)
-        k = module.k_proj(key).view(n, -1, heads, head_dim).transpose(1, 2)
-        q = (q * cos + rotate_pairwise(q) * sin).expand(n, -1, -1, -1)
-        num_rope = cos.shape[-2] * key_repeats  # spatial keys; pointer tokens after them get no RoPE
-        k_rot, k_pass = k[:, :, :num_rope], k[:, :, num_rope:]
-        cos_k, sin_k = cos.repeat(1, 1, key_repeats, 1), sin.repeat(1, 1, key_repeats, 1)
-        k = torch.cat([k_rot * cos_k + rotate_pairwise(k_rot) * sin_k, k_pass], dim=2)
+        hw = cos.shape[-2]
+        cos = cos.reshape(hw, 1, head_dim)
+        signed_sin = sin.reshape(hw, 1, head_dim) * torch.tensor([-1.0, 1.0]).repeat(head_dim // 2)
+        q = _rope(module.q_proj(query).unflatten(-1, (heads, head_dim)), cos, signed_sin).expand(n, -1, -1, -1)
+        k = module.k_proj(key).unflatten(-1, (heads, head_dim))  # [N, L, H, D]
+        if pointers:
+            num_rope = hw * key_repeats
+            spatial = _rope(k[:, :num_rope].unflatten(1, (key_repeats, hw)), cos, signed_sin).flatten(1, 2)
+            k = torch.cat([spatial, k[:, num_rope:]], dim=1)
+        else:
+            k = _rope(k, cos, signed_sin)
         v_proj = module.v_proj
         if heads == 1 and v_proj.in_features < v_proj.out_features:
             # Softmax rows sum to 1, so softmax(..) @ (X W + b) == (softmax(..) @ X) W + b: attending over
             # the 64-wide memories and projecting after costs a quarter of attending over 256-wide values.
-            out = attention(q, k, value[:, None], valid, module.scaling, self.attention_mode)
-            out = v_proj(out)
+            out = v_proj(attention(q, k, value[:, :, None], valid, module.scaling, self.attention_mode))
         else:
-            v = v_proj(value).view(n, -1, heads, head_dim).transpose(1, 2)
+            v = v_proj(value).unflatten(-1, (heads, head_dim))
             out = attention(q, k, v, valid, module.scaling, self.attention_mode)
         return module.o_proj(out)
 
