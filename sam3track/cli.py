@@ -152,9 +152,16 @@ def build_parser() -> argparse.ArgumentParser:
                             "--start-frame N then starts at frame N's time); default: the first "
                             "frame written is at 0, spacing unchanged")
     track.add_argument("--backend", default="onnxruntime", metavar="NAME",
-                       help="inference backend: onnxruntime, or acl for an OM bundle (default: onnxruntime)")
+                       help="inference backend: onnxruntime, openvino (CPU; pip install "
+                            "'sam3track[openvino]'), or acl for an OM bundle (default: onnxruntime)")
     track.add_argument("--device", default="cpu", metavar="NAME",
-                       help="device for the backend: cpu, cuda:N or cann:N (onnxruntime), npu:N (acl) (default: cpu)")
+                       help="device for the backend: cpu, cuda:N or cann:N (onnxruntime), cpu (openvino), "
+                            "npu:N (acl) (default: cpu)")
+    track.add_argument("--precision", default=None, metavar="fp32|bf16",
+                       help="openvino only: fp32 (default), or bf16 on CPUs with bf16 support (AMX, "
+                            "AVX512-BF16): faster, results may differ from fp32")
+    track.add_argument("--threads", type=_int_at_least(1), default=None, metavar="N",
+                       help="intra-op threads for the backend (default: the backend's own, every core)")
     track.add_argument("--set", type=_setting, action="append", default=[], metavar="NAME=VALUE",
                        help="override a threshold or heuristic of the bundle's configuration, e.g. "
                             "--set new_det_thresh=0.6 (names: sam3track/config.py); repeat for several")

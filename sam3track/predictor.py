@@ -36,19 +36,30 @@ class Predictor:
 
     @classmethod
     def load(cls, bundle_dir, backend: str = "onnxruntime", device: str = "cpu", verify: bool = True,
-             threads: int | None = None, gears=None, **config_overrides) -> "Predictor":
+             threads: int | None = None, gears=None, precision: str | None = None,
+             **config_overrides) -> "Predictor":
         """Open and check a bundle, then load its graphs. Keyword overrides change TrackerConfig fields,
         e.g. mask_nms=False, fill_holes=False to compare with transformers.
 
-        backend: "onnxruntime" (device "cpu", "cuda:N" or "cann:N") or "acl" (an OM bundle, device
-        "npu:N"). gears (onnxruntime only): "compiled" runs an OM bundle's gears on ONNX Runtime, or
+        backend: "onnxruntime" (device "cpu", "cuda:N" or "cann:N"), "openvino" (device "cpu"; pip
+        install 'sam3track[openvino]') or "acl" (an OM bundle, device "npu:N").
+        threads: intra-op threads for every backend (ONNX Runtime's intra_op_num_threads, OpenVINO's
+        INFERENCE_NUM_THREADS; acl accepts and ignores it). None (default) keeps the backend's own
+        default, every core: on the 2-core machine these graphs were measured on, that was within
+        noise of the best setting; set it when several predictors share a machine.
+        precision (openvino only): "fp32" (default) or "bf16" on CPUs with bf16 support (AMX,
+        AVX512-BF16): faster, with results that may differ from fp32 (other objects on some frames);
+        any other backend runs each graph at the precision the bundle stores it in.
+        gears (onnxruntime only): "compiled" runs an OM bundle's gears on ONNX Runtime, or
         {axis: sizes} pads every call to those sizes, so CPU runs take the Ascend padding path."""
         if not isinstance(bundle_dir, (str, os.PathLike)):
             raise BundleError(f"load() takes the path of a bundle directory, not {type(bundle_dir).__name__}; "
                               "export one with python -m graphs.export")
         bundle = Bundle.open(Path(bundle_dir), verify=verify)
         config = TrackerConfig.from_manifest(bundle.manifest, **config_overrides)
-        options = {"threads": threads} if threads else {}
+        options = {"threads": threads} if threads is not None else {}
+        if precision is not None:
+            options["precision"] = precision
         if gears is None and backend in ("onnxruntime", "ort") and str(device).startswith("cann"):
             gears = default_gears(config)  # CANN compiles every new shape again: a few planned ones
         if gears is not None:

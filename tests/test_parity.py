@@ -176,12 +176,12 @@ def record_events(session):
     return events
 
 
-def sam3track_run(bundle, frames, prompts, overrides=None, mode="forward", kernels=True):
+def sam3track_run(bundle, frames, prompts, overrides=None, mode="forward", kernels=True, backend="onnxruntime"):
     # the reference's cross-prompt quirks are reproduced here: this compares frame by frame; mask NMS
     # and hole filling stay at their defaults (on), as the reference runs them with its kernel
     # (kernels=False switches both off on both sides, as transformers without the `kernels` package)
     off = {} if kernels else {"mask_nms": False, "fill_holes": False}
-    predictor = sam3track.load(bundle, match_reference_quirks=True, **off, **(overrides or {}))
+    predictor = sam3track.load(bundle, backend=backend, match_reference_quirks=True, **off, **(overrides or {}))
     assert predictor.config.mask_nms == predictor.config.fill_holes == kernels
     session = predictor.start_session(None if mode == "stream" else frames)
     session.events = record_events(session)
@@ -203,8 +203,8 @@ def sam3track_run(bundle, frames, prompts, overrides=None, mode="forward", kerne
     return predictor, session, results
 
 
-def assert_parity(bundle, frames, prompts, overrides=None, mode="forward", kernels=True):
-    predictor, session, ours = sam3track_run(bundle, frames, prompts, overrides, mode, kernels)
+def assert_parity(bundle, frames, prompts, overrides=None, mode="forward", kernels=True, backend="onnxruntime"):
+    predictor, session, ours = sam3track_run(bundle, frames, prompts, overrides, mode, kernels, backend)
     ref, births, removed, conditioning = reference_run(bundle, frames, prompts, predictor, overrides, mode,
                                                        kernels)
     session.reference_conditioning = conditioning  # object id -> the reference's conditioning frames

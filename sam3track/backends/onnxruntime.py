@@ -54,8 +54,9 @@ class OnnxRuntimeBackend(Backend):
     name = "onnxruntime"
 
     def __init__(self, device: str = "cpu", threads: int | None = None, gears=None):
-        """gears: None (every call at its own size), "compiled" (an OM bundle's gears, so CPU runs
-        take the padding and chunking path an Ascend run takes), or {axis: sizes} for every graph."""
+        """threads: intra_op_num_threads (None: ONNX Runtime's default, one per core). gears: None
+        (every call at its own size), "compiled" (an OM bundle's gears, so CPU runs take the padding and
+        chunking path an Ascend run takes), or {axis: sizes} for every graph."""
         super().__init__()
         self._gears = _check_gears(gears)
         import onnxruntime as ort

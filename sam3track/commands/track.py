@@ -52,8 +52,13 @@ def run_track(
     stderr: TextIO | None = None,
     predictor: Any = None,
     report: dict | None = None,
+    threads: int | None = None,
+    precision: str | None = None,
 ) -> int:
     """Track ``prompts`` through ``video`` and write the outputs; returns the exit code.
+
+    ``threads``, ``precision``: passed to :func:`sam3track.load` when given (intra-op threads for
+    any backend; ``precision`` "fp32" or "bf16" for ``backend="openvino"``).
 
     ``predictor``: a predictor already loaded from ``bundle`` (with ``backend``, ``device`` and
     ``overrides``) to use instead of loading the bundle again; it is left open, so one process can
@@ -70,11 +75,16 @@ def run_track(
     """
     out = stdout or sys.stdout
     err = stderr or sys.stderr
+    overrides = dict(overrides or {})
+    if threads is not None:
+        overrides["threads"] = threads
+    if precision is not None:
+        overrides["precision"] = precision
     try:
         with InterruptGuard() as guard:
             return _track(
                 guard, Path(video), list(prompts), bundle, output, json_path, masks_dir,
-                start_frame, max_frames, backend, device, overrides or {}, keep_timestamps,
+                start_frame, max_frames, backend, device, overrides, keep_timestamps,
                 list(geometric), out, err, predictor, report if report is not None else {},
             )
     except KeyboardInterrupt as e:  # before any output was opened
@@ -360,4 +370,5 @@ def cmd_track(args: argparse.Namespace) -> int:
         masks_dir=args.masks_dir, start_frame=args.start_frame, max_frames=args.max_frames,
         backend=args.backend, device=args.device, overrides=dict(args.set),
         keep_timestamps=args.keep_timestamps, geometric=args.geometric,
+        threads=args.threads, precision=args.precision,
     )

@@ -1,0 +1,315 @@
+"""OpenVINO backend (CPU): the bundle's .onnx graphs compiled by OpenVINO, tensors kept in OpenVINO memory.
+
+Memory. Every allocation (`upload`, `empty`, `zeros`, each run's own outputs) is an `ov.Tensor` that
+OpenVINO allocated; a `DeviceTensor`'s handle is (storage, byte offset) as in the ONNX Runtime backend.
+Row views and reshapes share that memory: when a view is bound to a graph it is wrapped, for that call
+only, in an `ov.Tensor` over the same bytes (no copy). `free` drops the backend's reference; the bytes
+go back when the last wrapper does (an infer request holds the tensors of its last call until its next).
+
+Runs. One compiled model and one infer request per graph, reused for every call (a lock per graph
+keeps two threads off one request). The graphs keep the bundle's dynamic axes: OpenVINO compiles them
+once with dynamic shapes and infers each call at the shapes of its inputs (no recompilation per
+shape). Outputs named in `outputs=` are bound to views of the caller's tensors (memory bank pools),
+so the graph writes straight into them; a run that would not fill the view exactly is an error. Every
+other output is bound to a new, empty OpenVINO tensor that the run sizes and fills, so a result never
+aliases memory a later run writes (stricter than base.Backend.run requires, as ONNX Runtime's is).
+
+Precision. precision="fp32" (the default) compiles with INFERENCE_PRECISION_HINT=f32; OpenVINO's own
+default on CPUs with AMX or AVX512-BF16 is bf16, so it is always set. precision="bf16" asks for bf16
+where the CPU has it (OPTIMIZATION_CAPABILITIES lists BF16) and is an error elsewhere.
+
+Graphs stored at lower precision (checked with OpenVINO 2026.4 against onnxruntime.quantization 1.32 on
+the tiny bundle's backbone): fp16 weights (with or without fp16 inputs and outputs) load and run;
+ONNX Runtime's dynamic quantisation (DynamicQuantizeLinear + MatMulInteger / ConvInteger, int8 or
+uint8 weights) loads and runs, int8 weights agreeing with ONNX Runtime's run of the same graph to
+~1e-6 relative; static QOperator graphs (QLinearConv, QLinearMatMul, ...) load and run but differ
+from ONNX Runtime's run of them; static QDQ graphs (QuantizeLinear/DequantizeLinear pairs) fail in
+OpenVINO's low-precision transformations at compile time: that is a BundleError naming the graph.
+
+Compiled models are not cached on disk by default: compiling the mid bundle's seven graphs takes
+seconds, once per load. cache_dir= (OpenVINO's CACHE_DIR; OpenVINO keys entries on the model and
+the compile options) skips that on later loads; it is a constructor option, not a load() argument.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+import weakref
+
+import numpy as np
+import openvino as ov
+
+from ..errors import BackendError, BundleError, Sam3TrackError
+from .base import Backend, DeviceTensor, Graph
+
+_VERSION = ov.__version__.split("-")[0]  # "2026.4.1" of "2026.4.1-22982-...-releases/2026/4"
+PRECISIONS = ("fp32", "bf16")
+_HINTS = {"fp32": "f32", "bf16": "bf16"}
+
+
+class OvGraph(Graph):
+    def __init__(self, name: str, model, compiled, gears: dict[str, tuple[int, ...]]):
+        """model: the graph as read (its ports carry the ONNX names; compiling can merge other tensor
+        names into them); compiled: the same graph compiled, ports in the same order."""
+        self.name = name
+        self.compiled = compiled
+        self.request = compiled.create_infer_request()  # reused by every run of this graph
+        self.lock = threading.Lock()
+        # ports are bound by index, in the order the ONNX graph declares them
+        self.input_names = tuple(p.get_node().get_friendly_name() for p in model.inputs)
+        self.output_names = tuple(_output_name(p) for p in model.outputs)
+        ports = list(model.inputs) + list(model.outputs)
+        self.shapes = {n: tuple(d.get_length() if d.is_static else None for d in p.get_partial_shape())
+                       for n, p in zip(self.input_names + self.output_names, ports)}
+        self.sizes = dict(gears)
+        # each run's own outputs start as empty OpenVINO tensors of the right type, sized by the run
+        self._fresh = []
+        for p in compiled.outputs:
+            shape = p.get_partial_shape()
+            dims = shape.to_shape() if shape.is_static else [0] * (shape.rank.get_length() if shape.rank.is_static
+                                                                   else 1)
+            self._fresh.append((p.get_element_type(), list(dims)))
+
+    def fresh_output(self, index: int):
+        element_type, dims = self._fresh[index]
+        return ov.Tensor(element_type, dims)
+
+
+class _Storage:
+    """An OpenVINO allocation; views reach it through this object until the backend frees it."""
+
+    def __init__(self, tensor):
+        self.tensor = tensor
+        self.bytes = tensor.data.reshape(-1).view(np.uint8)  # shares the tensor's memory (keeps it alive)
+
+    @property
+    def freed(self) -> bool:
+        return self.tensor is None
+
+
+class OpenVinoBackend(Backend):
+    name = "openvino"
+
+    def __init__(self, device: str = "cpu", threads: int | None = None, precision: str | None = None,
+                 cache_dir: str | os.PathLike | None = None):
+        """device: "cpu". threads: OpenVINO's INFERENCE_NUM_THREADS (None: OpenVINO's default, every
+        core). precision: "fp32" (default) or "bf16" (CPUs whose OPTIMIZATION_CAPABILITIES list BF16:
+        AMX, AVX512-BF16). cache_dir: a folder for OpenVINO's compiled-model cache (None: no cache)."""
+        super().__init__()
+        if str(device).lower() != "cpu":
+            raise Sam3TrackError(f"unknown device {device!r} for openvino; this backend runs on device='cpu' "
+                                 "(for a GPU use backend='onnxruntime', device='cuda:0')")
+        precision = "fp32" if precision is None else precision
+        if precision not in PRECISIONS:
+            raise Sam3TrackError(f"unknown precision {precision!r} for openvino; use one of {', '.join(PRECISIONS)}")
+        self._core = ov.Core()
+        if precision == "bf16":
+            capabilities = cpu_capabilities(self._core)
+            if "BF16" not in capabilities:
+                cpu = self._core.get_property("CPU", "FULL_DEVICE_NAME")
+                raise Sam3TrackError(
+                    f"precision='bf16' needs a CPU with bf16 support (AMX or AVX512-BF16); OpenVINO reports "
+                    f"{cpu} with {', '.join(capabilities)} only: use precision='fp32' (the default)")
+        self.precision = precision
+        self.device = "CPU"
+        self._config = {"INFERENCE_PRECISION_HINT": _HINTS[precision],  # explicit: bf16 is the CPU default
+                        "PERFORMANCE_HINT": "LATENCY"}  # one request at a time, all cores on it
+        if threads:
+            self._config["INFERENCE_NUM_THREADS"] = int(threads)
+        if cache_dir is not None:
+            self._config["CACHE_DIR"] = str(cache_dir)
+        self.compile_seconds: dict[str, float] = {}  # graph name -> read + compile time
+        self._graphs: list[OvGraph] = []
+        self._storages: weakref.WeakSet[_Storage] = weakref.WeakSet()  # every allocation not yet collected
+        self.closed = False
+
+    # ----------------------------------------------------------------------------------- graphs
+    def _check_open(self) -> None:
+        if self.closed:
+            raise BackendError("the openvino backend was closed (predictor.close()); load the bundle again")
+
+    def load(self, name: str, path: str, compiled: dict | None = None) -> OvGraph:
+        self._check_open()
+        gears = {}
+        if compiled is not None:  # an OM bundle's ATC-ready graph is static on its fixed axes
+            gears = {axis: tuple(sizes) for axis, sizes in compiled["axes"].items() if len(sizes) == 1}
+        started = time.perf_counter()
+        try:
+            model = self._core.read_model(path)
+        except Exception as exc:
+            raise BundleError(f"openvino {_VERSION} cannot read graph {name} from {path}: "
+                              f"{_first_lines(exc)}; run it with backend='onnxruntime'") from exc
+        try:
+            model_compiled = self._core.compile_model(model, self.device, self._config)
+        except Exception as exc:
+            hint = "run it with backend='onnxruntime'"
+            # OpenVINO's ONNX frontend reads QuantizeLinear/DequantizeLinear pairs as FakeQuantize
+            if any(op.get_type_name() == "FakeQuantize" for op in model.get_ordered_ops()):
+                hint = ("it holds statically quantised (QuantizeLinear/DequantizeLinear) int8 nodes, which OpenVINO "
+                        "fails to compile here: export the graph without --int8 (or with dynamic quantisation), "
+                        "or run this bundle with backend='onnxruntime'")
+            raise BundleError(f"openvino {_VERSION} cannot compile graph {name} from {path} for "
+                              f"{self.device} at {self.precision}: {_first_lines(exc)}; {hint}") from exc
+        self.compile_seconds[name] = time.perf_counter() - started
+        graph = OvGraph(name, model, model_compiled, gears)
+        self._graphs.append(graph)
+        return graph
+
+    # ---------------------------------------------------------------------------------- tensors
+    def _wrap(self, tensor) -> DeviceTensor:
+        storage = _Storage(tensor)
+        self._storages.add(storage)
+        return DeviceTensor(tuple(tensor.shape), np.dtype(tensor.data.dtype), (storage, 0))
+
+    @property
+    def live_allocations(self) -> int:
+        return sum(1 for s in list(self._storages) if not s.freed)
+
+    def free(self, tensor: DeviceTensor) -> None:
+        storage, _ = tensor.handle
+        storage.tensor = storage.bytes = None  # OpenVINO frees the memory with its last reference
+
+    def _new(self, shape, dtype):
+        return ov.Tensor(np.dtype(dtype), [int(d) for d in shape])
+
+    def upload(self, array: np.ndarray) -> DeviceTensor:
+        self._check_open()
+        array = np.ascontiguousarray(array)
+        tensor = self._new(array.shape, array.dtype)
+        np.copyto(tensor.data, array)
+        self._count("to_device", array.shape, array.nbytes)
+        return self._wrap(tensor)
+
+    def empty(self, shape, dtype) -> DeviceTensor:
+        self._check_open()
+        return self._wrap(self._new(shape, dtype))
+
+    def zeros(self, shape, dtype) -> DeviceTensor:
+        self._check_open()
+        tensor = self._new(shape, dtype)
+        tensor.data[...] = 0
+        return self._wrap(tensor)
+
+    def rows(self, tensor: DeviceTensor, start: int, count: int) -> DeviceTensor:
+        storage, offset = tensor.handle
+        row_bytes = tensor.nbytes // max(tensor.shape[0], 1)
+        if start < 0 or start + count > tensor.shape[0]:
+            raise BackendError(f"internal error: rows {start}..{start + count} outside a tensor of "
+                               f"{tensor.shape[0]} rows; please report this")
+        return DeviceTensor((count,) + tuple(tensor.shape[1:]), tensor.dtype, (storage, offset + start * row_bytes))
+
+    @staticmethod
+    def _storage(tensor: DeviceTensor) -> _Storage:
+        storage = tensor.handle[0]
+        if storage.freed:
+            raise BackendError(f"internal error: a device tensor {tensor.shape} was used after it was freed "
+                               "(a pool view taken before the pool grew?); please report this")
+        return storage
+
+    def _array(self, tensor: DeviceTensor) -> np.ndarray:
+        """The tensor's bytes in OpenVINO memory, seen as a numpy array (a view, never a copy)."""
+        storage, offset = self._storage(tensor), tensor.handle[1]
+        flat = storage.bytes[offset:offset + tensor.nbytes]
+        return flat.view(tensor.dtype).reshape(tensor.shape)
+
+    def _bound(self, tensor: DeviceTensor):
+        """An ov.Tensor over the same memory, for one call (a view is never the storage's own tensor,
+        so OpenVINO cannot resize a caller's allocation)."""
+        return ov.Tensor(self._array(tensor), shared_memory=True)
+
+    def to_host(self, tensor: DeviceTensor, rows: np.ndarray | None = None) -> np.ndarray:
+        self._check_open()
+        if rows is None:
+            out = np.array(self._array(tensor), copy=True)  # the caller's own memory
+        else:  # only the selected rows, in one copy
+            rows = np.asarray(rows, dtype=np.int64).reshape(-1)
+            out = self._array(tensor)[rows]  # fancy indexing copies
+        self._count("to_host", out.shape, out.nbytes)
+        return out
+
+    def copy(self, src: DeviceTensor, dst: DeviceTensor) -> None:
+        self._check_open()
+        if tuple(src.shape) != tuple(dst.shape) or src.dtype != dst.dtype:
+            raise BackendError(f"internal error: copy between {src.shape} {src.dtype} and {dst.shape} {dst.dtype}; "
+                               "please report this")
+        np.copyto(self._array(dst), self._array(src))
+
+    # ------------------------------------------------------------------------------------- run
+    def run(self, graph: OvGraph, inputs, outputs=None):
+        self._check_open()
+        outputs = outputs or {}
+        if not isinstance(graph, OvGraph) or graph.request is None:
+            raise BackendError(f"internal error: graph {getattr(graph, 'name', graph)!r} was not loaded by this "
+                               "openvino backend; please report this")
+        self.calls[graph.name] += 1
+        bound_in = []
+        for name in graph.input_names:
+            if name not in inputs:
+                raise Sam3TrackError(f"graph {graph.name} needs input {name!r}")
+            value = inputs[name]
+            if isinstance(value, np.ndarray):  # a per-call host input: copied in now, counted
+                value = self.upload(value)
+            bound_in.append(self._bound(value))
+        bound_out = [self._bound(outputs[name]) if name in outputs else graph.fresh_output(i)
+                     for i, name in enumerate(graph.output_names)]
+        with graph.lock:
+            request = graph.request
+            try:
+                for i, t in enumerate(bound_in):
+                    request.set_input_tensor(i, t)
+                for i, t in enumerate(bound_out):
+                    request.set_output_tensor(i, t)
+                started = time.perf_counter()
+                request.infer()
+            except Exception as exc:
+                raise BackendError(f"openvino failed running graph {graph.name}: {_first_lines(exc)} (inputs "
+                                   + ", ".join(f"{n} {tuple(t.shape)} {t.element_type}"
+                                               for n, t in zip(graph.input_names, bound_in)) + ")") from exc
+            self.seconds[graph.name] += time.perf_counter() - started
+            results = [request.get_output_tensor(i) for i in range(len(bound_out))]
+        out = {}
+        for name, mine, got in zip(graph.output_names, bound_out, results):
+            if name not in outputs:
+                out[name] = self._wrap(got)
+                continue
+            target = outputs[name]
+            if tuple(got.shape) != tuple(target.shape):
+                raise BackendError(f"internal error: graph {graph.name} output {name} is {tuple(got.shape)}, the "
+                                   f"tensor given for it is {tuple(target.shape)}; please report this")
+            if got.data.ctypes.data != mine.data.ctypes.data:  # OpenVINO kept its own buffer: copy it in
+                np.copyto(self._array(target), got.data)
+            out[name] = target
+        return out
+
+    def close(self) -> None:
+        for graph in self._graphs:
+            graph.request = graph.compiled = None  # OpenVINO releases them with their last reference
+        self._graphs.clear()
+        for storage in list(self._storages):
+            storage.tensor = storage.bytes = None
+        self.closed = True
+
+
+def cpu_capabilities(core) -> list[str]:
+    """OpenVINO's OPTIMIZATION_CAPABILITIES of the CPU (BF16 among them on AMX / AVX512-BF16 CPUs)."""
+    return [str(c) for c in core.get_property("CPU", "OPTIMIZATION_CAPABILITIES")]
+
+
+def _output_name(port) -> str:
+    """The ONNX name of a graph output: the one name of its tensor, or, where OpenVINO's ONNX frontend
+    gave the tensor several, the one its Result node is named after ("<name>/sink_port_0")."""
+    names = port.get_names()
+    if len(names) == 1:
+        return next(iter(names))
+    result = port.get_node().get_friendly_name().rsplit("/sink_port_", 1)[0]
+    return result if result in names else port.get_any_name()
+
+
+def _first_lines(exc: Exception, limit: int = 3) -> str:
+    """OpenVINO's messages start with a stack of "Exception from src/..." lines; keep the substance."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    useful = [line for line in lines if not line.startswith("Exception from src/")] or lines
+    text = " ".join(useful[:limit])
+    return text if len(text) <= 600 else text[:595] + " ..."
