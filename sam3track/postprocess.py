@@ -105,15 +105,30 @@ def masks_to_boxes(masks: np.ndarray) -> np.ndarray:
 def objectwise_non_overlap(masks: np.ndarray, scores: np.ndarray, prompt_ids: list[int]) -> np.ndarray:
     """Each pixel goes to the object with the highest tracker score among its prompt's objects.
     Objects of group -1 (user-prompted) are left as the tracker gives them, as the reference's tracker
-    post-processing does (apply_non_overlapping_constraints=False)."""
+    post-processing does (apply_non_overlapping_constraints=False).
+
+    The rule is the argmax over objects of `where(mask, score, 0)` (float32; ties to the first object),
+    a pixel kept by its winner when the winner's value is > 0. Scores are constant per object, so this
+    is a priority order: objects by descending score (ties by position) take their pixels not taken
+    yet; an object scoring <= 0 keeps nothing and takes nothing from the others; a NaN score (which
+    argmax picks first) keeps nothing and blocks the others wherever its mask is. Two boolean
+    operations per object instead of an argmax over a float [N, H, W] stack."""
     out = masks.copy()
     prompts = np.asarray(prompt_ids)
+    scores = np.asarray(scores).astype(np.float32)
     for p in np.unique(prompts[prompts >= 0]):
         idx = np.flatnonzero(prompts == p)
-        vals = np.where(masks[idx], scores[idx, None, None].astype(np.float32), np.float32(0))
-        winner = vals.argmax(axis=0)
-        for j, i in enumerate(idx):
-            out[i] = masks[i] & (winner == j) & (vals[j] > 0)
+        s = scores[idx]
+        nan = np.flatnonzero(np.isnan(s))
+        positive = np.flatnonzero(s > 0)
+        order = np.concatenate([nan, positive[np.argsort(-s[positive], kind="stable")]])
+        out[idx[~np.isin(np.arange(idx.size), positive)]] = False
+        taken = np.zeros(masks.shape[1:], bool)
+        for j in order:
+            i = idx[j]
+            if s[j] > 0:
+                np.logical_and(masks[i], ~taken, out=out[i])
+            taken |= masks[i]
     return out
 
 
