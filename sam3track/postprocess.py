@@ -86,10 +86,13 @@ def to_pixel_values(rgb: np.ndarray, config) -> np.ndarray:
 
 
 def upsample_masks(low_res: np.ndarray, height: int, width: int) -> np.ndarray:
-    """[N, L, L] logits -> bool [N, H, W] (bilinear, half-pixel centres, like F.interpolate align_corners=False)."""
+    """[N, L, L] logits -> bool [N, H, W] (bilinear, half-pixel centres, like F.interpolate align_corners=False).
+    One object at a time (OpenCV's multi-channel resize rounds differently), into one reused buffer."""
     out = np.empty((low_res.shape[0], height, width), bool)
+    scratch = None
     for i, m in enumerate(low_res):
-        out[i] = cv2.resize(m.astype(np.float32), (width, height), interpolation=cv2.INTER_LINEAR) > 0
+        scratch = cv2.resize(np.asarray(m, np.float32), (width, height), dst=scratch, interpolation=cv2.INTER_LINEAR)
+        np.greater(scratch, 0, out=out[i])
     return out
 
 
@@ -114,22 +117,33 @@ def objectwise_non_overlap(masks: np.ndarray, scores: np.ndarray, prompt_ids: li
     argmax picks first) keeps nothing and blocks the others wherever its mask is. Two boolean
     operations per object instead of an argmax over a float [N, H, W] stack."""
     out = masks.copy()
+    _non_overlap_in_place(out, scores, prompt_ids)
+    return out
+
+
+def _non_overlap_in_place(masks: np.ndarray, scores: np.ndarray, prompt_ids: list[int]) -> None:
     prompts = np.asarray(prompt_ids)
     scores = np.asarray(scores).astype(np.float32)
     for p in np.unique(prompts[prompts >= 0]):
         idx = np.flatnonzero(prompts == p)
         s = scores[idx]
-        nan = np.flatnonzero(np.isnan(s))
-        positive = np.flatnonzero(s > 0)
-        order = np.concatenate([nan, positive[np.argsort(-s[positive], kind="stable")]])
-        out[idx[~np.isin(np.arange(idx.size), positive)]] = False
-        taken = np.zeros(masks.shape[1:], bool)
-        for j in order:
-            i = idx[j]
-            if s[j] > 0:
-                np.logical_and(masks[i], ~taken, out=out[i])
-            taken |= masks[i]
-    return out
+        positive = s > 0
+        if idx.size == 1 and positive[0]:
+            continue  # alone in its group: nothing to give way to
+        by_score = np.flatnonzero(positive)
+        by_score = by_score[np.argsort(-s[by_score], kind="stable")]
+        order = np.concatenate([np.flatnonzero(np.isnan(s)), by_score])
+        taken = None  # pixels of the objects before in the order (their masks as given)
+        for k, j in enumerate(order):
+            m = masks[idx[j]]
+            if taken is None:
+                taken = m.copy()  # the first keeps its whole mask (a NaN one is cleared below)
+                continue
+            if positive[j]:
+                np.greater(m, taken, out=m)  # a & ~b on booleans: the pixels no one before took
+            if k + 1 < order.size:
+                taken |= m  # m is now m & ~taken, so this adds exactly m's own pixels
+        masks[idx[~positive]] = False  # scores <= 0 and NaN keep nothing
 
 
 def build_result(output, prompts: list[str], height: int, width: int, hidden: set[int] = frozenset()) -> FrameResult:
@@ -144,14 +158,15 @@ def build_result(output, prompts: list[str], height: int, width: int, hidden: se
     masks = upsample_masks(low, height, width)
     hidden = output.suppressed | set(hidden)
     keep = masks.reshape(len(ids), -1).any(axis=1) & np.asarray([i not in hidden for i in ids])
-    ids = [i for i, k in zip(ids, keep) if k]
-    masks = masks[keep]
+    if not keep.all():
+        ids = [i for i, k in zip(ids, keep) if k]
+        masks = masks[keep]
     scores = np.asarray([output.scores[i] for i in ids], np.float32)
     tracker = np.asarray([output.tracker_scores.get(i, 0.0) for i in ids], np.float32)
     boxes = masks_to_boxes(masks)
     prompt_ids = [output.prompts.get(i, -1) for i in ids]
     if len(ids) > 1:  # user-prompted objects take no part (group -1), as in the reference's tracker
         groups = [-1 if i in output.user_objects else p for i, p in zip(ids, prompt_ids)]
-        masks = objectwise_non_overlap(masks, tracker, groups)
+        _non_overlap_in_place(masks, tracker, groups)  # ours (upsampled above); boxes are taken before
     return FrameResult(output.frame_index, np.asarray(ids, np.int64), scores, boxes, masks,
                        [prompts[p] if p >= 0 else "" for p in prompt_ids], tracker)
