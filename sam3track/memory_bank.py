@@ -37,8 +37,10 @@ class DevicePool:
 
     The capacity is fixed when the pool is made: a static-shape backend (Ascend OM) compiles the pool
     into the graphs that read it, and a fixed buffer never moves under a view. Rows are handed out
-    lowest first, so the rows in use stay at the front. Running out is a CapacityError naming the
-    setting that sizes the pool.
+    lowest first (a batch takes the lowest run of consecutive free rows that holds it, if any, so that
+    its graph writes it in place), so the rows in use stay near the front. Running out is a
+    CapacityError naming the setting that sizes the pool. Which rows hold what changes no result:
+    graphs read rows by index.
     """
 
     def __init__(self, backend: Backend, row_shape: tuple[int, ...], capacity: int, dtype=np.float32,
@@ -62,8 +64,19 @@ class DevicePool:
         return int((~self.free).sum()) - 1
 
     def allocate(self, count: int) -> np.ndarray:
-        """`count` free rows, lowest first."""
+        """`count` free rows: the lowest run of `count` consecutive free rows where there is one (a
+        graph then writes the batch in place, no scatter), else the lowest free rows."""
         available = np.flatnonzero(self.free)
+        if count > 1 and available.size >= count:
+            # runs of consecutive free rows: starts where the previous row is not free
+            starts = np.flatnonzero(np.diff(available, prepend=-2) != 1)
+            lengths = np.diff(np.append(starts, available.size))
+            fits = np.flatnonzero(lengths >= count)
+            if fits.size:
+                first = available[starts[fits[0]]]
+                rows = np.arange(first, first + count)
+                self.free[rows] = False
+                return rows
         if available.size < count:
             raise CapacityError(
                 f"the {self.name} is full: {self.used} of its {self.capacity - 1} rows hold the memories of the "

@@ -98,6 +98,22 @@ def test_scattered_rows_receive_exactly_their_batch(backend):
     assert np.array_equal(host[batch], np.arange(6, dtype=np.float32).reshape(3, 2))
 
 
+def test_a_batch_takes_a_free_run_when_there_is_one(backend):
+    """Rows freed here and there leave holes; a batch that fits in a run of free rows goes there (its
+    graph writes it in place, no scatter), a single row fills the lowest hole, and without a long
+    enough run the lowest free rows are taken."""
+    pool = DevicePool(backend, (2,), capacity=12)
+    rows = pool.allocate(8)  # 1..8
+    pool.release([rows[1], rows[3], rows[4]])  # free: 2, 4, 5, 9, 10, 11
+    assert pool.allocate(3).tolist() == [9, 10, 11]
+    assert pool.target(np.arange(9, 12)).shape == (3, 2)
+    assert pool.allocate(2).tolist() == [4, 5]
+    assert pool.allocate(1).tolist() == [2]
+    pool.release([1, 3, 7])
+    assert pool.allocate(2).tolist() == [1, 3]  # no run of two: lowest first, scattered
+    assert pool.used == 10
+
+
 def test_a_view_taken_before_a_reset_cannot_be_written(backend):
     pool = DevicePool(backend, (2,), capacity=4)
     rows = pool.allocate(1)

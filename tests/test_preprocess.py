@@ -31,3 +31,41 @@ def test_pixel_values_are_rescaled_and_normalised():
     black = np.zeros((50, 80, 3), np.uint8)
     assert to_pixel_values(white, Config).shape == (1, 3, 112, 112)
     assert np.allclose(to_pixel_values(white, Config), 1.0) and np.allclose(to_pixel_values(black, Config), -1.0)
+
+
+def _resize_one_tap_at_a_time(rgb, height, width):
+    """The plain form of resize_antialiased (as it was written first): float32, width then height,
+    each output accumulated tap by tap, rounded and clipped between the passes."""
+    from sam3track.postprocess import _antialiased_taps
+
+    out = rgb.astype(np.float32)
+    for axis, size in ((1, width), (0, height)):
+        idx, weights = _antialiased_taps(out.shape[axis], size)
+        moved = np.moveaxis(out, axis, 0)
+        acc = np.zeros((size,) + moved.shape[1:], np.float32)
+        for k in range(idx.shape[1]):
+            acc += weights[:, k, None, None] * moved[idx[:, k]]
+        out = np.clip(np.rint(np.moveaxis(acc, 0, axis)), 0, 255)
+    return out.astype(np.uint8)
+
+
+@pytest.mark.parametrize("size,out", [((272, 640), (112, 112)), ((97, 131), (112, 112)), ((112, 112), (112, 112)),
+                                      ((1, 1), (5, 7)), ((300, 200), (504, 504)), ((61, 45), (13, 200))])
+def test_resize_is_bit_identical_to_the_plain_form(size, out):
+    """The fast path (cached taps, transposes, whole-row gathers) changes no pixel, only the layout."""
+    rng = np.random.default_rng(1)
+    for img in (rng.integers(0, 256, size + (3,)).astype(np.uint8),
+                (rng.integers(0, 2, size + (3,)) * 255).astype(np.uint8)):
+        np.testing.assert_array_equal(resize_antialiased(img, *out), _resize_one_tap_at_a_time(img, *out))
+
+
+def test_pixel_values_are_contiguous_float32():
+    class Config:
+        image_size, rescale_factor, image_mean, image_std = 112, 1 / 255, (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+
+    img = np.random.default_rng(2).integers(0, 256, (90, 160, 3)).astype(np.uint8)
+    pixels = to_pixel_values(img, Config)
+    assert pixels.dtype == np.float32 and pixels.flags.c_contiguous and pixels.shape == (1, 3, 112, 112)
+    plain = _resize_one_tap_at_a_time(img, 112, 112).astype(np.float32) * np.float32(Config.rescale_factor)
+    plain = (plain - np.asarray(Config.image_mean, np.float32)) / np.asarray(Config.image_std, np.float32)
+    np.testing.assert_array_equal(pixels[0], plain.transpose(2, 0, 1))
