@@ -80,12 +80,35 @@ def patched(timer: ExclusiveTimer, targets):
                 delattr(holder, attr)
 
 
+@contextlib.contextmanager
+def counting(holder, attr: str, count):
+    """Record count(result) of every call of holder.attr (a class or instance attribute) in a list."""
+    original = getattr(holder, attr)
+    seen: list[int] = []
+
+    def observed(*args, **kwargs):
+        result = original(*args, **kwargs)
+        seen.append(count(result))
+        return result
+
+    in_dict = attr in vars(holder)
+    setattr(holder, attr, observed)
+    try:
+        yield seen
+    finally:
+        if in_dict:
+            setattr(holder, attr, original)
+        else:
+            delattr(holder, attr)
+
+
 @dataclass
 class FrameRecord:
     index: int
     ms: float
     tracked: int  # objects tracked after this frame (the ones the tracker propagates next)
     shown: int  # objects in this frame's result (non-empty, not suppressed)
+    detections: int | None  # detections above score_threshold_detection on this frame, all prompts
     parts_ms: dict  # category -> ms (graphs by name for ours; reference categories for it)
     calls: dict
     transfers: dict  # ours only: counts and bytes each way
@@ -99,6 +122,7 @@ def _ms(seconds: float) -> float:
 def run_ours(predictor, frames: np.ndarray, prompts, n_frames: int | None = None) -> list[FrameRecord]:
     """propagate() over `frames` (an RGB array) with every prompt on frame 0; one record per frame."""
     import sam3track.postprocess as post
+    from sam3track.frame_loop import FrameLoop
 
     backend = predictor.backend
     timer = ExclusiveTimer()
@@ -106,7 +130,7 @@ def run_ours(predictor, frames: np.ndarray, prompts, n_frames: int | None = None
     targets += [(backend, name, "copies") for name in ("upload", "to_host", "copy") if hasattr(backend, name)]
     records = []
     frames = frames if n_frames is None else frames[:n_frames]
-    with patched(timer, targets):
+    with patched(timer, targets), counting(FrameLoop, "detect", len) as detections:
         session = predictor.start_session(frames)
         try:
             for text in prompts:
@@ -116,6 +140,7 @@ def run_ours(predictor, frames: np.ndarray, prompts, n_frames: int | None = None
                 seconds, calls = Counter(backend.seconds), Counter(backend.calls)
                 parts, before = Counter(timer.seconds), backend.transfers.snapshot()
                 started = time.perf_counter()
+                seen = len(detections)
                 result = next(stream)
                 elapsed = time.perf_counter() - started
                 graphs = {g: s - seconds[g] for g, s in backend.seconds.items() if s - seconds[g] > 0}
@@ -126,7 +151,8 @@ def run_ours(predictor, frames: np.ndarray, prompts, n_frames: int | None = None
                 breakdown["python"] = _ms(elapsed - sum(graphs.values()) - sum(mine.values()))
                 records.append(FrameRecord(
                     index=int(result.frame_index), ms=_ms(elapsed), tracked=len(session.object_ids),
-                    shown=len(result.object_ids), parts_ms=breakdown,
+                    shown=len(result.object_ids), detections=sum(detections[seen:]) if len(detections) > seen else None,
+                    parts_ms=breakdown,
                     calls={g: c - calls[g] for g, c in backend.calls.items() if c - calls[g]},
                     transfers={k: getattr(moved, k) for k in TRANSFER_FIELDS}))
             stream.close()
@@ -209,11 +235,12 @@ class Reference:
         n = len(pixels) if n_frames is None else n_frames
         timer = ExclusiveTimer()
         records = []
-        with patched(timer, self._targets()):
+        merged = (self.model, "_merge_detections_from_prompts", lambda out: int(len(out[0]["scores"])))
+        with patched(timer, self._targets()), counting(*merged) as detections:
             session = self.new_session(pixels[:n], height, width, prompts, tokenizer)
             stream = self.model.propagate_in_video_iterator(session, start_frame_idx=0, max_frame_num_to_track=n - 1)
             for _ in range(n):
-                parts = Counter(timer.seconds)
+                parts, seen = Counter(timer.seconds), len(detections)
                 started = time.perf_counter()
                 out = next(stream)
                 shown = self.postprocess(session, out)
@@ -222,7 +249,9 @@ class Reference:
                 breakdown = {c: _ms(s) for c, s in sorted(mine.items())}
                 breakdown["python"] = _ms(elapsed - sum(mine.values()))
                 records.append(FrameRecord(index=int(out.frame_idx), ms=_ms(elapsed), tracked=len(session.obj_ids),
-                                           shown=len(shown["object_ids"]), parts_ms=breakdown, calls={}, transfers={}))
+                                           shown=len(shown["object_ids"]),
+                                           detections=sum(detections[seen:]) if len(detections) > seen else None,
+                                           parts_ms=breakdown, calls={}, transfers={}))
             stream.close()
         return records
 
@@ -293,4 +322,5 @@ def summarize(records: list[FrameRecord], skip: int = 1) -> dict:
             transfers[k] += v / len(steady)
     return {"ms": float(np.mean([r.ms for r in steady])), "first_frame_ms": records[0].ms,
             "parts_ms": dict(parts), "transfers": dict(transfers),
-            "tracked": [r.tracked for r in records], "shown": [r.shown for r in records]}
+            "tracked": [r.tracked for r in records], "shown": [r.shown for r in records],
+            "detections": [r.detections for r in records]}

@@ -39,6 +39,16 @@ def _counts(entry: dict | None) -> str:
     return "/".join(map(str, seen))
 
 
+def _detected(entry: dict | None) -> str:
+    """min-max of the detections per frame over frames 1.. of every repetition."""
+    if not entry or not entry.get("detections"):
+        return "-"
+    seen = [c for rep in entry["detections"] for c in rep[1:] if c is not None]
+    if not seen:
+        return "-"
+    return f"{min(seen)}" if min(seen) == max(seen) else f"{min(seen)}-{max(seen)}"
+
+
 def _bytes(n: float) -> str:
     for unit in ("B", "KB", "MB", "GB"):
         if abs(n) < 1024 or unit == "GB":
@@ -73,8 +83,8 @@ def markdown(r: dict) -> str:
 
     lines += ["## Time per frame", ""]
     lines += ["| objects | ours (ort-fp32) ms/frame | reference ms/frame | ratio ours/ref | model only: ours / ref ms (ratio) "
-              "| frame 0 (births) ours / ref ms | objects tracked per frame, ours / ref |",
-              "|---|---|---|---|---|---|---|"]
+              "| frame 0 (births) ours / ref ms | objects tracked per frame, ours / ref | detections per frame 1.., ours / ref |",
+              "|---|---|---|---|---|---|---|---|"]
     for n in objects:
         o, f = ours.get(n), ref.get(n)
         ratio = r["ratios"].get("ort-fp32", {}).get(n)
@@ -85,7 +95,7 @@ def markdown(r: dict) -> str:
         flag = "" if (o and f and o["counts_ok"] and f["counts_ok"]) else " **(differ from asked)**"
         lines.append(f"| {n} | {_span(o and o['ms'])} | {_span(f and f['ms'])} | "
                      f"{'-' if ratio is None else f'{ratio:.2f}'} | {model} | {first} | "
-                     f"{_counts(o)} / {_counts(f)}{flag} |")
+                     f"{_counts(o)} / {_counts(f)}{flag} | {_detected(o)} / {_detected(f)} |")
     lines.append("")
     slopes = r["slopes"]
     if "ort-fp32" in slopes and "reference" in slopes:

@@ -170,7 +170,7 @@ def side_summary(reps: list[list], n: int, ours: bool) -> dict:
             "first_frame_ms": float(statistics.median(s["first_frame_ms"] for s in sums)),
             "parts_ms": {c: float(statistics.median(s["parts_ms"].get(c, 0.0) for s in sums)) for c in cats},
             "transfers": {k: float(statistics.median(s["transfers"].get(k, 0.0) for s in sums)) for k in keys},
-            "tracked": tracked, "shown": [s["shown"] for s in sums],
+            "tracked": tracked, "shown": [s["shown"] for s in sums], "detections": [s["detections"] for s in sums],
             "counts_ok": all(c == n for rep in tracked for c in rep)}
 
 
