@@ -221,7 +221,9 @@ def plots(r: dict, out: Path) -> None:
     ax.set_xticks([int(n) for n in objects], objects)
     ax.set_xlabel("objects tracked per frame")
     ax.set_ylabel("ms per frame (median, min-max bars)")
-    ax.set_title(f"{r['preset']} preset: {r['machine']['cores']}-core {r['machine']['cpu_short']}")
+    threads = r["settings"].get("threads_n")
+    ax.set_title(f"{r['preset']} preset: {r['machine']['cores']}-core {r['machine']['cpu_short']}"
+                 + (f", {threads} thread{'s' if threads > 1 else ''}" if threads else ""), fontsize=10)
     ax.grid(True, which="both", alpha=0.3)
     ax.legend()
     fig.tight_layout()
@@ -243,8 +245,24 @@ def plots(r: dict, out: Path) -> None:
         ax.set_xticks([0, 1], ["ours", "reference"])
         ax.set_title(f"{n} object{'s' if n != '1' else ''}")
         ax.set_ylabel("ms per frame" if n == objects[0] else "")
-    fig.legend(seen.values(), seen.keys(), loc="center right", fontsize=8)
     fig.suptitle(f"{r['preset']} preset: where a frame's time goes (ours = ort-fp32)")
-    fig.tight_layout(rect=(0, 0, 0.8, 0.95))
-    fig.savefig(out / "breakdown.png", dpi=110)
+    fig.tight_layout(rect=(0, 0, 0.78, 0.95))
+    fig.legend(seen.values(), seen.keys(), loc="center left", bbox_to_anchor=(0.79, 0.5), fontsize=8)
+    fig.savefig(out / "breakdown.png", dpi=110, bbox_inches="tight")
     plt.close(fig)
+
+
+def main() -> None:
+    """python -m benchmarks.report OUT_DIR: write results.md and the plots again from OUT_DIR/results.json."""
+    import json
+    import sys
+
+    out = Path(sys.argv[1])
+    results = json.loads((out / "results.json").read_text())
+    (out / "results.md").write_text(markdown(results))
+    plots(results, out)
+    print(f"wrote {out / 'results.md'}")
+
+
+if __name__ == "__main__":
+    main()

@@ -16,7 +16,11 @@ Presets: tiny (the test model), mid (real widths at 504 px: seconds per frame; b
 at 64 objects on 2 cores), full (the default config at 1008 px: one tracked frame after the births
 frame, at 1, 4 and 16 objects; minutes per frame, and its first export writes ~7 GB).
 The RSS stream runs at --rss-preset (default tiny: 1000 mid frames would take hours on a 2-core CPU).
-A tool, not a test: on a shared machine timings are noisy; compare sides within one run.
+A tool, not a test: on a shared machine timings are noisy; compare sides within one run. On a machine
+that other jobs load beyond its cores, pass --threads 1: multi-threaded runtimes then lose most of their
+time waiting for descheduled threads (measured here at load 10 on 2 cores: the tiny reference at 2 objects
+took 2-13 s per frame with its default threads and 0.23-0.35 s with one).
+`python -m benchmarks.report OUT` rewrites results.md and the plots from OUT/results.json.
 """
 
 from __future__ import annotations
@@ -418,8 +422,9 @@ def main(argv: list[str] | None = None) -> int:
         "settings": {"objects": args.objects, "frames": args.frames, "reps": args.reps,
                      "warmup_frames": args.warmup_frames, "prompts": args.prompts,
                      "clip": args.clip.relative_to(REPO).as_posix() if args.clip.is_relative_to(REPO) else str(args.clip),
-                     "start_frame": args.start_frame, "video_size": None,
-                     "threads": (f"Intra-op threads: {args.threads} on both sides." if args.threads else
+                     "start_frame": args.start_frame, "video_size": None, "threads_n": args.threads,
+                     "threads": (f"Intra-op threads: {args.threads} on both sides (ONNX Runtime intra_op_num_threads, "
+                                 f"torch.set_num_threads)." if args.threads else
                                  "Threads: each runtime's default (ONNX Runtime and torch use every core)."),
                      "counts_method": COUNTS_NOTE, "nms": NMS_NOTE, "variants": args.variants},
         "variants": {v: {"available": True, "reason": None} for v in args.variants},
