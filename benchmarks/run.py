@@ -372,7 +372,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--objects", help="object counts, comma-separated (default: the preset's)")
     ap.add_argument("--frames", type=int, help="frames per run (>= 2: frame 0 births, the rest timed)")
     ap.add_argument("--reps", type=int, help="repetitions per side and object count")
-    ap.add_argument("--warmup-frames", type=int, default=2, help="frames of the one warm-up run per side and count")
+    ap.add_argument("--warmup-frames", type=int, help="frames of the one warm-up run per side and count "
+                    "(default: the preset's)")
     ap.add_argument("--out", type=Path, help="output folder (default: a new temporary folder)")
     ap.add_argument("--cache", type=Path, help="bundle cache (default: OUT/bundles)")
     ap.add_argument("--bundle", type=Path, help="measure this fp32 bundle of --preset instead of exporting one "
@@ -402,7 +403,7 @@ def main(argv: list[str] | None = None) -> int:
     args.reps = args.reps or preset.reps
     args.prompts = [p.strip() for p in args.prompts.split(",")] if args.prompts else list(preset.prompts)
     args.fidelity_frames = args.fidelity_frames or (16 if args.preset == "tiny" else 4)
-    args.warmup_frames = min(args.warmup_frames, args.frames)
+    args.warmup_frames = min(args.warmup_frames or preset.warmup_frames, args.frames)
     args.variants = ["ort-fp32"] + [v for v in (s.strip() for s in args.variants.split(",")) if v and v != "ort-fp32"]
     unknown = [v for v in args.variants if v not in VARIANTS]
     if unknown or args.frames < 2 or args.reps < 1 or min(args.objects) < 1:

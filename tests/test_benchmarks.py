@@ -14,7 +14,7 @@ from benchmarks.run import main
 def test_benchmark_tool_runs_at_tiny_size(tiny_bundle, tmp_path):
     out = tmp_path / "out"
     assert main(["--preset", "tiny", "--bundle", str(tiny_bundle), "--objects", "1,2", "--frames", "2", "--reps", "1",
-                 "--warmup-frames", "1", "--variants", "ort-fp32,openvino-bf16,ort-int8", "--fidelity-frames", "2",
+                 "--warmup-frames", "1", "--threads", "1", "--variants", "ort-fp32,openvino-bf16,ort-int8", "--fidelity-frames", "2",
                  "--rss-frames", "3", "--rss-every", "2", "--rss-objects", "2", "--out", str(out),
                  "--cache", str(tmp_path / "cache")]) == 0
     for name in ("results.json", "results.md", "ms_per_frame.png", "breakdown.png"):
