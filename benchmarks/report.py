@@ -67,6 +67,10 @@ def markdown(r: dict) -> str:
               f"load average {m['load_start']} at the start, {m['load_end']} at the end (a shared machine: "
               "other jobs ran beside this one, so compare sides within a run, not across runs). "
               + ", ".join(f"{k} {v}" for k, v in m["versions"].items()) + ".", ""]
+    code = r.get("code")
+    if code:
+        lines += [f"**Code:** commit {code['commit']}{' with uncommitted changes' if code['dirty'] else ''}, "
+                  f"graphs/*.py hash {code['graphs_hash']}.", ""]
     lines += [f"**Model:** {r['model']}", ""]
     lines += [f"**Run:** {s['frames']} frames of `{s['clip']}` from frame {s['start_frame']} "
               f"({s['video_size']}), prompts {', '.join(repr(p) for p in s['prompts'])}; {s['reps']} repetitions per "
@@ -96,7 +100,10 @@ def markdown(r: dict) -> str:
         lines.append(f"| {n} | {_span(o and o['ms'])} | {_span(f and f['ms'])} | "
                      f"{'-' if ratio is None else f'{ratio:.2f}'} | {model} | {first} | "
                      f"{_counts(o)} / {_counts(f)}{flag} | {_detected(o)} / {_detected(f)} |")
-    lines.append("")
+    lines += ["", "Detections per frame: what the threshold let through on frames 1.. (each side associates them with "
+              "the tracked objects; the cap keeps them from adding any). The seeded models' detection scores rise and "
+              "fall together from frame to frame, so later frames can pass many more than N (at mid, all 200 queries).",
+              ""]
     slopes = r["slopes"]
     if "ort-fp32" in slopes and "reference" in slopes:
         a, b = slopes["ort-fp32"]["ms_per_object"], slopes["reference"]["ms_per_object"]

@@ -39,7 +39,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .bundles import PRESETS, BundleInfo, get_bundle, int8_supported
+from .bundles import PRESETS, BundleInfo, exporter_hash, get_bundle, int8_supported
 from .measure import Reference, count_overrides, run_ours, summarize
 
 REPO = Path(__file__).resolve().parents[1]
@@ -107,6 +107,18 @@ def machine_info() -> dict:
     return {"cpu": cpu, "cpu_short": cpu.replace("(R)", "").replace("(TM)", ""), "cores": os.cpu_count(),
             "ram_gb": ram, "isa": isa, "versions": versions, "platform": platform.platform(),
             "load_start": _load(), "load_end": None}
+
+
+def code_info() -> dict:
+    """The commit measured (and whether the work tree had changes), and the hash of graphs/*.py that
+    keys the bundle cache."""
+    def git(*a):
+        try:
+            return subprocess.run(["git", *a], cwd=REPO, capture_output=True, text=True, timeout=10).stdout.strip()
+        except (OSError, subprocess.SubprocessError):
+            return ""
+    return {"commit": git("rev-parse", "--short", "HEAD") or None, "dirty": bool(git("status", "--porcelain")),
+            "graphs_hash": exporter_hash()}
 
 
 def _load() -> str:
@@ -419,7 +431,7 @@ def main(argv: list[str] | None = None) -> int:
     results = {
         "tool": "benchmarks.run", "command": "python -m benchmarks.run " + " ".join(sys.argv[1:] if argv is None else argv),
         "started": time.strftime("%Y-%m-%d %H:%M"), "finished": None, "preset": args.preset,
-        "machine": machine_info(), "model": "", "bundles": {},
+        "machine": machine_info(), "code": code_info(), "model": "", "bundles": {},
         "settings": {"objects": args.objects, "frames": args.frames, "reps": args.reps,
                      "warmup_frames": args.warmup_frames, "prompts": args.prompts,
                      "clip": args.clip.relative_to(REPO).as_posix() if args.clip.is_relative_to(REPO) else str(args.clip),
