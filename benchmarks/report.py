@@ -1,0 +1,275 @@
+"""results.json -> results.md (markdown tables) and the two plots (ms_per_frame.png, breakdown.png)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+# One colour per kind of work, shared by both sides so the stacked bars compare like with like.
+KINDS = {  # category -> (label, colour)
+    "graph:backbone": ("backbone", "#4c72b0"), "backbone": ("backbone", "#4c72b0"),
+    "graph:text_encoder": ("text encoder", "#8172b3"), "text_encoder": ("text encoder", "#8172b3"),
+    "graph:grounding_head": ("detector heads", "#64b5cd"), "detector_heads": ("detector heads", "#64b5cd"),
+    "graph:propagation_decoder": ("tracker: propagation", "#c44e52"), "tracker": ("tracker (all calls)", "#c44e52"),
+    "graph:mask_init": ("tracker: new objects", "#dd8452"),
+    "graph:interactive_decoder": ("tracker: clicks", "#937860"),
+    "graph:memory_encoder": ("memory encoder", "#55a868"), "memory_encoder": ("memory encoder", "#55a868"),
+    "preprocess": ("preprocessing", "#ccb974"),
+    "results": ("results / postprocessing", "#da8bc3"), "postprocess": ("results / postprocessing", "#da8bc3"),
+    "copies": ("host<->device copies", "#8c8c8c"),
+    "python": ("Python outside graphs / rest", "#dddddd"),
+}
+
+
+def _fmt(ms: float | None) -> str:
+    if ms is None:
+        return "-"
+    return f"{ms:,.0f}" if ms >= 100 else f"{ms:.1f}"
+
+
+def _span(stat: dict | None) -> str:
+    if not stat:
+        return "-"
+    return f"{_fmt(stat['median'])} [{_fmt(stat['min'])}-{_fmt(stat['max'])}]"
+
+
+def _counts(entry: dict | None) -> str:
+    if not entry:
+        return "-"
+    seen = sorted({c for rep in entry["tracked"] for c in rep})
+    return "/".join(map(str, seen))
+
+
+def _detected(entry: dict | None) -> str:
+    """min-max of the detections per frame over frames 1.. of every repetition."""
+    if not entry or not entry.get("detections"):
+        return "-"
+    seen = [c for rep in entry["detections"] for c in rep[1:] if c is not None]
+    if not seen:
+        return "-"
+    return f"{min(seen)}" if min(seen) == max(seen) else f"{min(seen)}-{max(seen)}"
+
+
+def _bytes(n: float) -> str:
+    for unit in ("B", "KB", "MB", "GB"):
+        if abs(n) < 1024 or unit == "GB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+
+
+def markdown(r: dict) -> str:
+    m, s = r["machine"], r["settings"]
+    objects = [str(n) for n in s["objects"]]
+    summary = r["summary"]
+    ours, ref = summary.get("ort-fp32", {}), summary.get("reference", {})
+    lines = [f"# sam3track vs transformers' Sam3VideoModel: `{r['preset']}` preset", ""]
+    lines += [f"`{r['command']}`, {r['started']} to {r['finished']}.", ""]
+    lines += [f"**Machine:** {m['cpu']}, {m['cores']} cores, {m['ram_gb']:.0f} GB RAM; "
+              f"load average {m['load_start']} at the start, {m['load_end']} at the end (a shared machine: "
+              "other jobs ran beside this one, so compare sides within a run, not across runs). "
+              + ", ".join(f"{k} {v}" for k, v in m["versions"].items()) + ".", ""]
+    code = r.get("code")
+    if code:
+        lines += [f"**Code:** commit {code['commit']}{' with uncommitted changes' if code['dirty'] else ''}, "
+                  f"graphs/*.py hash {code['graphs_hash']}.", ""]
+    lines += [f"**Model:** {r['model']}", ""]
+    lines += [f"**Run:** {s['frames']} frames of `{s['clip']}` from frame {s['start_frame']} "
+              f"({s['video_size']}), prompts {', '.join(repr(p) for p in s['prompts'])}; {s['reps']} repetitions per "
+              f"side and object count, interleaved (ours, reference, ours, ...), after one {s['warmup_frames']}-frame "
+              f"warm-up each. ms/frame is the mean over frames 1..{s['frames'] - 1} of a repetition (every object "
+              "is born on frame 0, reported apart), given as the median over repetitions [min-max]. Both sides get "
+              "the same pixel values (sam3track's preprocessing) and token ids. " + s["threads"], ""]
+    lines += ["**Object counts** " + s["counts_method"], ""]
+    lines += ["**Mask NMS and hole filling** " + s["nms"], ""]
+    lines += ["**What is timed.** Ours: `propagate()` from RGB frames to results at video resolution "
+              "(preprocessing and result building included). Reference: `propagate_in_video_iterator` on ready "
+              "pixel values plus its processor's `postprocess_outputs` per frame (masks at video resolution). "
+              "\"Model only\" leaves out preprocessing and result building (ours) and postprocessing (reference).", ""]
+
+    lines += ["## Time per frame", ""]
+    lines += ["| objects | ours (ort-fp32) ms/frame | reference ms/frame | ratio ours/ref | model only: ours / ref ms (ratio) "
+              "| frame 0 (births) ours / ref ms | objects tracked per frame, ours / ref | detections per frame 1.., ours / ref |",
+              "|---|---|---|---|---|---|---|---|"]
+    for n in objects:
+        o, f = ours.get(n), ref.get(n)
+        ratio = r["ratios"].get("ort-fp32", {}).get(n)
+        mratio = r["model_ratios"].get("ort-fp32", {}).get(n)
+        model = (f"{_fmt(o['model_ms']['median'])} / {_fmt(f['model_ms']['median'])} ({mratio:.2f})"
+                 if o and f and mratio is not None else "-")
+        first = f"{_fmt(o['first_frame_ms'])} / {_fmt(f['first_frame_ms'])}" if o and f else "-"
+        flag = "" if (o and f and o["counts_ok"] and f["counts_ok"]) else " **(differ from asked)**"
+        lines.append(f"| {n} | {_span(o and o['ms'])} | {_span(f and f['ms'])} | "
+                     f"{'-' if ratio is None else f'{ratio:.2f}'} | {model} | {first} | "
+                     f"{_counts(o)} / {_counts(f)}{flag} | {_detected(o)} / {_detected(f)} |")
+    lines += ["", "Detections per frame: what the threshold let through on frames 1.. (each side associates them with "
+              "the tracked objects; the cap keeps them from adding any). The seeded models' detection scores rise and "
+              "fall together from frame to frame, so later frames can pass many more than N (at mid, all 200 queries).",
+              ""]
+    slopes = r["slopes"]
+    if "ort-fp32" in slopes and "reference" in slopes:
+        a, b = slopes["ort-fp32"]["ms_per_object"], slopes["reference"]["ms_per_object"]
+        lines += [f"**ms per extra object** (least-squares slope of the medians over {', '.join(objects)} objects): "
+                  f"ours {a:.1f} ms, reference {b:.1f} ms (ours/reference {a / b:.2f}). "
+                  f"Model only: ours {slopes['ort-fp32']['model_ms_per_object']:.1f} ms, reference "
+                  f"{slopes['reference']['model_ms_per_object']:.1f} ms.", ""]
+    for note in r["count_notes"].values():
+        if note.get("warning"):
+            lines += [f"- {note['asked']} objects: {note['warning']}"]
+    lines += ["![ms per frame](ms_per_frame.png)", "", "![breakdown](breakdown.png)", ""]
+
+    lines += ["## Where the time goes, ours (ort-fp32): ms per frame", ""]
+    lines += _parts_table(ours, objects)
+    lines += ["## Where the time goes, reference: ms per frame", ""]
+    lines += ["The tracker row is every `tracker_model` call (propagation of all objects, and new objects); "
+              "\"rest\" is the reference's Python: association, heuristics, bookkeeping.", ""]
+    lines += _parts_table(ref, objects)
+    lines += ["## Host <-> device traffic per frame, ours (ort-fp32)", "",
+              "| objects | to device: copies, bytes | to host: copies, bytes |", "|---|---|---|"]
+    for n in objects:
+        t = ours.get(n, {}).get("transfers")
+        if t:
+            lines.append(f"| {n} | {t['host_to_device']:.0f}, {_bytes(t['host_to_device_bytes'])} | "
+                         f"{t['device_to_host']:.0f}, {_bytes(t['device_to_host_bytes'])} |")
+    lines.append("")
+
+    lines += ["## Variants of ours", ""]
+    lines += ["| variant | status | " + " | ".join(f"{n} obj ms/frame (ratio to ref)" for n in objects) + " |",
+              "|---|---|" + "---|" * len(objects)]
+    for name, v in r["variants"].items():
+        cells = []
+        for n in objects:
+            e = summary.get(name, {}).get(n)
+            ratio = r["ratios"].get(name, {}).get(n)
+            cells.append("-" if not e else f"{_span(e['ms'])} ({ratio:.2f})")
+        status = "measured" if v["available"] else f"unavailable: {v['reason']}"
+        lines.append(f"| {name} | {status} | " + " | ".join(cells) + " |")
+    lines.append("")
+    if r["fidelity"]:
+        lines += ["### Fidelity against ort-fp32", "", r["fidelity_method"], "",
+                  "| variant | clip | frames | same ids (fraction of frames) | mask IoU mean | mask IoU min | objects/frame (fp32) |",
+                  "|---|---|---|---|---|---|---|"]
+        for name, per_clip in r["fidelity"].items():
+            if isinstance(per_clip, str):
+                lines.append(f"| {name} | - | - | {per_clip} | | | |")
+                continue
+            for clip, f in per_clip.items():
+                iou = lambda v: "-" if v is None else f"{v:.4f}"  # noqa: E731
+                objs = f["objects_per_frame_fp32"]
+                lines.append(f"| {name} | {clip} | {f['frames']} | {f['same_ids_fraction']:.3f} | {iou(f['iou_mean'])} | "
+                             f"{iou(f['iou_min'])} | {min(objs)}-{max(objs)} |")
+        lines.append("")
+    else:
+        lines += ["No fidelity table: no variant other than ort-fp32 was available.", ""]
+
+    rss = r.get("rss")
+    lines += ["## RSS over a long live stream", ""]
+    if not rss:
+        lines += ["Not run (`--rss-frames 0`).", ""]
+    else:
+        lines += [rss["method"], ""]
+        lines += ["| side | frames | after load MB | after frame 1 MB | peak MB | end MB | growth MB per 100 frames "
+                  "(fit after frame 100) | ms/frame first / last block | objects tracked |",
+                  "|---|---|---|---|---|---|---|---|---|"]
+        for side in ("ours", "reference"):
+            e = rss.get(side)
+            if not e:
+                continue
+            if "error" in e:
+                lines.append(f"| {side} | error: {e['error']} | | | | | | | |")
+                continue
+            lines.append(f"| {side} | {e['frames']} | {e['start_mb']:.0f} | {e['after_first_mb']:.0f} | {e['peak_mb']:.0f} | "
+                         f"{e['end_mb']:.0f} | {e['growth_mb_per_100']:+.1f} | {e['ms_first_block']:.0f} / "
+                         f"{e['ms_last_block']:.0f} | {e['tracked']} |")
+        lines.append("")
+    return "\n".join(lines) + "\n"
+
+
+def _parts_table(side: dict, objects: list[str]) -> list[str]:
+    cats = []
+    for n in objects:
+        for c in (side.get(n) or {}).get("parts_ms", {}):
+            if c not in cats:
+                cats.append(c)
+    order = list(KINDS)
+    cats.sort(key=lambda c: order.index(c) if c in order else len(order))
+    out = ["| | " + " | ".join(f"{n} obj" for n in objects) + " |", "|---|" + "---|" * len(objects)]
+    for c in cats:
+        label = c.removeprefix("graph:") if c.startswith("graph:") else KINDS.get(c, (c,))[0]
+        if c == "python":
+            label = "Python outside graphs" if any(k.startswith("graph:") for k in cats) else "rest (Python)"
+        out.append(f"| {label} | " + " | ".join(_fmt((side.get(n) or {}).get("parts_ms", {}).get(c)) for n in objects)
+                   + " |")
+    out.append("| **total** | " + " | ".join(_fmt((side.get(n) or {}).get("ms", {}).get("median")) for n in objects)
+               + " |")
+    return out + [""]
+
+
+def plots(r: dict, out: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    objects = [str(n) for n in r["settings"]["objects"]]
+    fig, ax = plt.subplots(figsize=(6.4, 4.4))
+    styles = {"reference": ("transformers reference", "#333333", "s"), "ort-fp32": ("sam3track ort-fp32", "#c44e52", "o"),
+              "openvino-fp32": ("sam3track openvino-fp32", "#4c72b0", "^"),
+              "openvino-bf16": ("sam3track openvino-bf16", "#55a868", "v"), "ort-int8": ("sam3track ort-int8", "#dd8452", "D")}
+    for side, (label, colour, marker) in styles.items():
+        entry = r["summary"].get(side)
+        if not entry:
+            continue
+        ns = [n for n in objects if n in entry]
+        med = [entry[n]["ms"]["median"] for n in ns]
+        lo = [m - entry[n]["ms"]["min"] for m, n in zip(med, ns)]
+        hi = [entry[n]["ms"]["max"] - m for m, n in zip(med, ns)]
+        ax.errorbar([int(n) for n in ns], med, yerr=[lo, hi], label=label, color=colour, marker=marker, capsize=3)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xticks([int(n) for n in objects], objects)
+    ax.set_xlabel("objects tracked per frame")
+    ax.set_ylabel("ms per frame (median, min-max bars)")
+    threads = r["settings"].get("threads_n")
+    ax.set_title(f"{r['preset']} preset: {r['machine']['cores']}-core {r['machine']['cpu_short']}"
+                 + (f", {threads} thread{'s' if threads > 1 else ''}" if threads else ""), fontsize=10)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(out / "ms_per_frame.png", dpi=110)
+    plt.close(fig)
+
+    fig, axes = plt.subplots(1, len(objects), figsize=(3.0 * len(objects) + 1.5, 4.4), squeeze=False)
+    seen = {}
+    for ax, n in zip(axes[0], objects):
+        for x, side in enumerate(("ort-fp32", "reference")):
+            parts = (r["summary"].get(side, {}).get(n) or {}).get("parts_ms", {})
+            bottom = 0.0
+            for cat in sorted(parts, key=lambda c: list(KINDS).index(c) if c in KINDS else len(KINDS)):
+                label, colour = KINDS.get(cat, (cat, "#999999"))
+                value = max(parts[cat], 0.0)
+                bar = ax.bar(x, value, bottom=bottom, color=colour, width=0.6)
+                seen.setdefault(label, bar)
+                bottom += value
+        ax.set_xticks([0, 1], ["ours", "reference"])
+        ax.set_title(f"{n} object{'s' if n != '1' else ''}")
+        ax.set_ylabel("ms per frame" if n == objects[0] else "")
+    fig.suptitle(f"{r['preset']} preset: where a frame's time goes (ours = ort-fp32)")
+    fig.tight_layout(rect=(0, 0, 0.78, 0.95))
+    fig.legend(seen.values(), seen.keys(), loc="center left", bbox_to_anchor=(0.79, 0.5), fontsize=8)
+    fig.savefig(out / "breakdown.png", dpi=110, bbox_inches="tight")
+    plt.close(fig)
+
+
+def main() -> None:
+    """python -m benchmarks.report OUT_DIR: write results.md and the plots again from OUT_DIR/results.json."""
+    import json
+    import sys
+
+    out = Path(sys.argv[1])
+    results = json.loads((out / "results.json").read_text())
+    (out / "results.md").write_text(markdown(results))
+    plots(results, out)
+    print(f"wrote {out / 'results.md'}")
+
+
+if __name__ == "__main__":
+    main()

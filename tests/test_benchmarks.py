@@ -1,0 +1,76 @@
+"""Smoke test of the benchmark tool (python -m benchmarks.run) at the tiny size: it runs end to end and
+writes what it promises. No timing is asserted: the tool measures, the test only checks its outputs."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from benchmarks.measure import ExclusiveTimer, count_overrides, patched
+from benchmarks.run import main
+
+
+def test_benchmark_tool_runs_at_tiny_size(tiny_bundle, tmp_path):
+    out = tmp_path / "out"
+    assert main(["--preset", "tiny", "--bundle", str(tiny_bundle), "--objects", "1,2", "--frames", "2", "--reps", "1",
+                 "--warmup-frames", "1", "--threads", "1", "--variants", "ort-fp32,openvino-bf16,ort-int8", "--fidelity-frames", "2",
+                 "--rss-frames", "3", "--rss-every", "2", "--rss-objects", "2", "--out", str(out),
+                 "--cache", str(tmp_path / "cache")]) == 0
+    for name in ("results.json", "results.md", "ms_per_frame.png", "breakdown.png"):
+        assert (out / name).stat().st_size > 0, name
+    r = json.loads((out / "results.json").read_text())
+    assert r["preset"] == "tiny" and r["settings"]["objects"] == [1, 2]
+    for key in ("machine", "settings", "variants", "count_notes", "overrides", "summary", "runs", "ratios", "slopes",
+                "fidelity", "rss"):
+        assert key in r, key
+    assert set(r["machine"]["versions"]) >= {"onnxruntime", "openvino", "torch", "transformers"}
+    for side in ("ort-fp32", "reference"):
+        assert set(r["summary"][side]) == {"1", "2"}
+        for n in ("1", "2"):
+            entry = r["summary"][side][n]
+            assert entry["ms"]["median"] > 0 and entry["parts_ms"]
+            tracked = [c for rep in entry["tracked"] for c in rep]
+            assert len(tracked) == 2  # 1 repetition of 2 frames
+            # the counts asked for, or the run says they differ
+            assert entry["counts_ok"] == all(c == int(n) for c in tracked)
+            assert entry["counts_ok"] or "differ" in (out / "results.md").read_text()
+        assert len(r["runs"][side]["1"][0]) == 2
+    ours = r["summary"]["ort-fp32"]["2"]
+    assert any(k.startswith("graph:") for k in ours["parts_ms"]) and "python" in ours["parts_ms"]
+    assert {"host_to_device_bytes", "device_to_host_bytes"} <= set(ours["transfers"])
+    assert set(r["ratios"]["ort-fp32"]) == {"1", "2"}
+    assert "ms_per_object" in r["slopes"]["reference"]
+    for name in ("openvino-bf16", "ort-int8"):  # measured, or unavailable with the reason
+        v = r["variants"][name]
+        assert (v["available"] and name in r["summary"]) or (not v["available"] and v["reason"]), v
+    for side in ("ours", "reference"):
+        rss = r["rss"][side]
+        assert "error" not in rss, rss
+        assert rss["frames"] == 3 and rss["peak_mb"] > 0 and [s["frames"] for s in rss["samples"]] == [0, 1, 2, 3]
+    md = (out / "results.md").read_text()
+    assert "| objects |" in md and "ms per extra object" in md and "RSS" in md
+
+
+def test_count_overrides_pick_a_threshold_between_the_nth_and_next_score():
+    scores = [0.9, 0.8, 0.5, 0.4]
+    overrides, note = count_overrides(scores, 2)
+    assert overrides["max_num_objects"] == 2 and overrides["hotstart_delay"] == 0
+    assert overrides["score_threshold_detection"] == overrides["new_det_thresh"] == pytest.approx(0.65)
+    overrides, note = count_overrides(scores, 6)  # more than there are: every detection, and a warning
+    assert overrides["score_threshold_detection"] == pytest.approx(0.2) and "warning" in note
+
+
+def test_timer_counts_nested_calls_exclusively_and_patches_are_undone():
+    class Thing:
+        def outer(self):
+            return self.inner() + 1
+
+        def inner(self):
+            return 1
+
+    thing, timer = Thing(), ExclusiveTimer()
+    with patched(timer, [(thing, "outer", "outer"), (thing, "inner", "inner")]):
+        assert thing.outer() == 2
+    assert timer.calls == {"outer": 1, "inner": 1}
+    assert "outer" not in vars(thing) and "inner" not in vars(thing)  # back to the class's methods
