@@ -1,2 +1,2 @@
 """Benchmark tools: `python -m benchmarks.run` (sam3track against transformers' Sam3VideoModel), plus the
-older single-purpose scripts (compare_reference.py, soak.py, batch_scaling.py). Tools, not tests."""
+single-purpose scripts (soak.py: RSS and pools over thousands of live frames; batch_scaling.py: Ray workers). Tools, not tests."""
