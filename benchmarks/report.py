@@ -111,9 +111,9 @@ def markdown(r: dict) -> str:
                   f"ours {a:.1f} ms, reference {b:.1f} ms (ours/reference {a / b:.2f}). "
                   f"Model only: ours {slopes['ort-fp32']['model_ms_per_object']:.1f} ms, reference "
                   f"{slopes['reference']['model_ms_per_object']:.1f} ms.", ""]
-    for note in r["count_notes"].values():
-        if note.get("warning"):
-            lines += [f"- {note['asked']} objects: {note['warning']}"]
+    warnings = [f"- {note['asked']} objects: {note['warning']}" for note in r["count_notes"].values()
+                if note.get("warning")]
+    lines += warnings + ([""] if warnings else [])
     lines += ["![ms per frame](ms_per_frame.png)", "", "![breakdown](breakdown.png)", ""]
 
     lines += ["## Where the time goes, ours (ort-fp32): ms per frame", ""]

@@ -14,7 +14,9 @@ tracked count of every frame of every run is recorded for both sides and checked
 
 Presets: tiny (the test model), mid (real widths at 504 px: seconds per frame; budget tens of minutes
 at 64 objects on 2 cores), full (the default config at 1008 px: one tracked frame after the births
-frame, at 1, 4 and 16 objects; minutes per frame, and its first export writes ~7 GB).
+frame, at 1, 4 and 16 objects; minutes per frame; its first export takes ~15 minutes, peaks at 11 GB RSS
+and writes 6 GB: checkpoint and bundle). full runs with --low-memory: with both sides' weights and ONNX
+Runtime's arena in one process, 4 objects went past 24 GB RSS here and was killed.
 The RSS stream runs at --rss-preset (default tiny: 1000 mid frames would take hours on a 2-core CPU).
 A tool, not a test: on a shared machine timings are noisy; compare sides within one run. On a machine
 that other jobs load beyond its cores, pass --threads 1: multi-threaded runtimes then lose most of their
@@ -219,26 +221,40 @@ def time_counts(args, preset, bundles, results, save, log) -> None:
         results["overrides"][key] = {"both": overrides, "ours_only": {**OURS_FIXED, "pool_objects": max(64, n)}}
         log(f"[{n} objects] thresholds {overrides['score_threshold_detection']:.6f} (load {_load()})")
         ref.configure(overrides)
-        predictors = {}
+        ours_overrides = {**overrides, **OURS_FIXED, "pool_objects": max(64, n)}
+        predictors = {}  # loaded once per count; with --low-memory, loaded for each run and closed after it
+
+        def ours(name, n_frames=None):
+            if not args.low_memory:
+                return run_ours(predictors[name], frames, args.prompts, n_frames=n_frames)
+            predictor = load_variant(name, bundles, ours_overrides, args.threads)
+            try:  # a fresh predictor: its own warm-up first, as the reference's model stays warm
+                run_ours(predictor, frames, args.prompts, n_frames=args.warmup_frames)
+                return run_ours(predictor, frames, args.prompts, n_frames=n_frames)
+            finally:
+                predictor.close()
+
         for name in args.variants:
             if not variants[name]["available"]:
                 continue
             try:
-                predictors[name] = load_variant(name, bundles, {**overrides, **OURS_FIXED, "pool_objects": max(64, n)},
-                                                args.threads)
+                predictors[name] = None if args.low_memory else load_variant(name, bundles, ours_overrides,
+                                                                             args.threads)
             except Unavailable as exc:
                 variants[name].update(available=False, reason=str(exc))
                 log(f"  {name}: unavailable: {exc}")
         raw = {name: [] for name in predictors}
         raw["reference"] = []
         # warm-up (not reported): first calls at new shapes pay for allocations and kernel selection
-        for name, predictor in list(predictors.items()):
+        for name in [] if args.low_memory else list(predictors):  # (--low-memory: inside each run)
             try:
-                run_ours(predictor, frames, args.prompts, n_frames=args.warmup_frames)
+                ours(name, n_frames=args.warmup_frames)
             except Exception as exc:
                 variants[name].update(available=False, reason=f"failed to run: {type(exc).__name__}: {exc}")
                 log(f"  {name}: failed to run: {exc}")
-                predictors.pop(name).close()
+                failed = predictors.pop(name)
+                if failed is not None:
+                    failed.close()
                 raw.pop(name)
         ref.run(pixels, h, w, args.prompts, tokenizer, n_frames=args.warmup_frames)
         order = ["ort-fp32", "reference"] + [v for v in predictors if v != "ort-fp32"]
@@ -248,12 +264,20 @@ def time_counts(args, preset, bundles, results, save, log) -> None:
                 if side == "reference":
                     records = ref.run(pixels, h, w, args.prompts, tokenizer)
                 else:
-                    records = run_ours(predictors[side], frames, args.prompts)
+                    try:
+                        records = ours(side)
+                    except Exception as exc:
+                        variants[side].update(available=False, reason=f"failed to run: {type(exc).__name__}: {exc}")
+                        log(f"  {side}: failed to run: {exc}")
+                        order.remove(side)
+                        raw.pop(side)
+                        continue
                 raw[side].append(records)
                 s = summarize(records)
                 log(f"  rep {rep + 1}/{args.reps} {side:<14} {s['ms']:9.1f} ms/frame  tracked {s['tracked']}")
-        for name, predictor in predictors.items():
-            predictor.close()
+        for predictor in predictors.values():
+            if predictor is not None:
+                predictor.close()
         for side, reps in raw.items():
             results["summary"].setdefault(side, {})[key] = side_summary(reps, n, ours=side != "reference")
             results["runs"].setdefault(side, {})[key] = [_records(r) for r in reps]
@@ -272,7 +296,8 @@ def fidelity_stage(args, preset, bundles, results, save, log) -> None:
         f"sample clip with the prompts above and sam3track's defaults (mask NMS, hole filling and the hotstart "
         f"rules on, no cap on objects), except the detection thresholds (`score_threshold_detection` = "
         f"`new_det_thresh`), set per clip halfway between the {args.fidelity_objects}th and "
-        f"{args.fidelity_objects + 1}th detection score of its first frame, so objects are born and removed. "
+        f"{args.fidelity_objects + 1}th detection score of its first frame (about that many detections per frame; "
+        "with no cap, objects are born on later frames too). "
         "Same ids: the frame's id list is identical. IoU: masks at video resolution of the ids both have.")
     if not fast:
         return
@@ -406,6 +431,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rss-preset", choices=sorted(PRESETS), default="tiny")
     ap.add_argument("--rss-objects", type=int, default=4)
     ap.add_argument("--rss-shot", type=int, default=40, help="frames of the shot looped for the stream")
+    ap.add_argument("--low-memory", action="store_true",
+                    help="load our predictor for each run and close it before the reference runs, so the two never "
+                         "hold their weights and buffers at once (default for --preset full)")
     ap.add_argument("--publish", action="store_true", help="also copy the outputs to docs/benchmarks/<preset>/")
     args = ap.parse_args(argv)
 
@@ -416,6 +444,7 @@ def main(argv: list[str] | None = None) -> int:
     args.prompts = [p.strip() for p in args.prompts.split(",")] if args.prompts else list(preset.prompts)
     args.fidelity_frames = args.fidelity_frames or (16 if args.preset == "tiny" else 4)
     args.warmup_frames = min(args.warmup_frames or preset.warmup_frames, args.frames)
+    args.low_memory = args.low_memory or args.preset == "full"
     args.variants = ["ort-fp32"] + [v for v in (s.strip() for s in args.variants.split(",")) if v and v != "ort-fp32"]
     unknown = [v for v in args.variants if v not in VARIANTS]
     if unknown or args.frames < 2 or args.reps < 1 or min(args.objects) < 1:
@@ -509,7 +538,10 @@ def _describe(preset: str, manifest: dict) -> str:
                    "encoder (graphs/tiny.py)",
             "full": "the default Sam3VideoConfig at full size with seeded random weights (benchmarks/bundles.py)"}[preset]
     return (f"{what}; image {pre.get('image_size')} px, {cfg.get('detector', {}).get('num_queries')} detector queries, "
-            f"{src.get('parameters', 0) / 1e6:.0f} M parameters; exporter {manifest.get('exporter', {})}")
+            f"{src.get('parameters', 0) / 1e6:.0f} M parameters; exporter: "
+            + ", ".join(f"{k} {v}" for k, v in manifest.get("exporter", {}).items() if k != "export_seconds")
+            + "; graph precisions: " + ", ".join(sorted({str(g.get("precision", "fp32"))
+                                                         for g in manifest.get("graphs", {}).values()})))
 
 
 if __name__ == "__main__":
