@@ -134,5 +134,6 @@ def test_info_describes_the_shipped_bundle_and_only_existing_backends(capsys):
     out = capsys.readouterr().out
     assert "RANDOM weights" in out and "MISSING" not in out
     backends = [line.strip() for line in out.split("\nbackends\n", 1)[1].splitlines()]
-    assert [line.split()[0] for line in backends] == ["onnxruntime", "acl"], backends
-    assert "pyacl not found" in backends[1] and "python -m om.convert" in backends[1]
+    assert [line.split()[0] for line in backends] == ["onnxruntime", "openvino", "acl"], backends
+    assert "precision fp32 (default)" in backends[1]
+    assert "pyacl not found" in backends[2] and "python -m om.convert" in backends[2]
