@@ -54,9 +54,13 @@ OUTPUT_KINDS = ("mp4", "json", "png")
 INPUT_SUFFIXES = VIDEO_SUFFIXES + (".avi", ".webm")
 MAX_TASK_RETRIES = 2  # a video whose worker dies is tried at most 3 times in all
 # Test hooks, read by the driver and handed to the workers (whose environment Ray sets up): a
-# sleep after each frame so a kill lands mid-video, and a folder where workers note their pid.
+# sleep after each frame so a kill lands mid-video, a folder where workers note their pid, and a
+# file whose existence holds each worker before its second video (so a Ctrl-C lands between videos
+# however fast or slow the machine is).
 FRAME_DELAY_ENV = "SAM3TRACK_BATCH_TEST_FRAME_DELAY"
 PID_DIR_ENV = "SAM3TRACK_BATCH_TEST_PID_DIR"
+HOLD_FILE_ENV = "SAM3TRACK_BATCH_TEST_HOLD_FILE"
+HOLD_SECONDS = 300  # a hold never outlives a test that forgot to remove the file
 
 
 @dataclass
@@ -176,6 +180,7 @@ class _Worker:
         import sam3track
 
         self.hooks = hooks
+        self.videos_started = 0
         if hooks.get("pid_dir"):
             Path(hooks["pid_dir"], str(os.getpid())).touch()
         if hooks.get("frame_delay"):
@@ -203,6 +208,11 @@ class _Worker:
 
         if self.hooks.get("pid_dir"):
             Path(self.hooks["pid_dir"], f"{os.getpid()}.busy").write_text(video)
+        if self.hooks.get("hold_file") and self.videos_started:
+            until = time.monotonic() + HOLD_SECONDS
+            while Path(self.hooks["hold_file"]).exists() and time.monotonic() < until:
+                time.sleep(0.05)
+        self.videos_started += 1
         started = time.perf_counter()
         report: dict = {}
         err = io.StringIO()
@@ -304,7 +314,8 @@ def track_videos(
         else:
             ray.init(address=address, logging_level="ERROR", log_to_driver=False)
         started_here = True
-    hooks = {"frame_delay": os.environ.get(FRAME_DELAY_ENV), "pid_dir": os.environ.get(PID_DIR_ENV)}
+    hooks = {"frame_delay": os.environ.get(FRAME_DELAY_ENV), "pid_dir": os.environ.get(PID_DIR_ENV),
+             "hold_file": os.environ.get(HOLD_FILE_ENV)}
     hooks = {k: v for k, v in hooks.items() if v}
     on_gpu = str(device).startswith("cuda")
     if threads is None and address is None:
