@@ -45,7 +45,7 @@ def _export_graph(model, name: str, dims, out_dir: Path, precision: str = "fp32"
     import onnx
     import torch
 
-    from . import specs
+    from . import bf16_rounding, specs
     from .modules import transformers_attention
 
     spec = specs.graph_specs(dims)[name]
@@ -66,11 +66,17 @@ def _export_graph(model, name: str, dims, out_dir: Path, precision: str = "fp32"
         )
     proto = onnx.load(str(path))
     _deduplicate_constants(proto)
+    try:
+        rounding = bf16_rounding.name_nodes(proto, name)
+    except bf16_rounding.RoundingError as e:
+        raise ExportError(str(e)) from None
     if precision == "fp16":
         from onnxruntime.transformers.float16 import DEFAULT_OP_BLOCK_LIST, convert_float_to_float16
 
         # Inputs and outputs stay float32 so the runtime binds the same buffers for either precision;
-        # the fused attention op keeps float32 too (its padding logit and softmax want the range).
+        # the fused attention op keeps float32 too (its padding logit and softmax want the range);
+        # the bf16 rounding's splitter is inf in float16, so it becomes Casts (graphs/bf16_rounding.py).
+        bf16_rounding.as_casts(proto)
         proto = convert_float_to_float16(proto, keep_io_types=True,
                                          op_block_list=DEFAULT_OP_BLOCK_LIST + ["MultiHeadAttention"])
     elif precision == "int8":
@@ -100,6 +106,8 @@ def _export_graph(model, name: str, dims, out_dir: Path, precision: str = "fp32"
         "precision": precision,
         # "fused" where the graph runs ONNX Runtime's fused attention op (which ATC cannot parse), else "plain"
         "attention": "fused" if any(n.domain == "com.microsoft" for n in proto.graph.node) else "plain",
+        # the nodes of the memories' bf16 rounding (graphs/bf16_rounding.py), float32 arithmetic
+        "bf16_rounding": rounding if precision != "fp16" else [],
         "inputs": tensors(spec.inputs),
         "outputs": tensors(spec.outputs),
     }

@@ -28,6 +28,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .bf16_rounding import SPLITTER
+
 NO_OBJ_SCORE = -1024.0  # what the tracker writes into masks of objects it thinks are absent
 
 def _resize_matrix(in_size: int, out_size: int) -> torch.Tensor:
@@ -513,8 +515,20 @@ class MemoryEncoder(nn.Module):
         if trk.occlusion_spatial_embedding_parameter is not None:
             absent = (object_score_logits <= 0).to(features.dtype)[..., None, None]  # [N, 1, 1, 1]
             features = features + absent * trk.occlusion_spatial_embedding_parameter[..., None, None]
-        features = features.to(torch.bfloat16).to(torch.float32)
+        features = round_to_bfloat16(features)
         return features.flatten(2).transpose(1, 2)
+
+
+def round_to_bfloat16(x: torch.Tensor) -> torch.Tensor:
+    """``x`` rounded to the nearest bfloat16 (ties to even), kept in float32, with a Mul and two
+    Subs: Veltkamp's split, exact in IEEE float32 arithmetic. The same values as torch's
+    ``x.to(torch.bfloat16).float()``, but a Cast to BFLOAT16 is not portable: OpenVINO's Convert
+    rounds differently (a quarter of the elements one bf16 step off, enough to flip mask pixels a
+    few frames later). The splitter overflows float16: graphs meant to compute in reduced precision
+    get the Cast form back (graphs/bf16_rounding.py).
+    """
+    scaled = x * SPLITTER
+    return scaled - (scaled - x)
 
 
 # ---------------------------------------------------------------------------------------- mask init

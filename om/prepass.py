@@ -5,6 +5,8 @@ for Op"), reads one opset, and compiles fixed shapes best. So the pre-pass
 - refuses any node outside the default domain, naming it (renaming the domain, as mmdeploy does, would
   only turn E19010 into a wrong op: com.microsoft ops have no default-domain twin);
 - keeps a single default-domain opset import;
+- at a reduced precision, turns the memories' bf16 rounding back into Casts (its float32 arithmetic
+  would overflow in float16);
 - writes every input and output dim as a number except the planned varying axes (the exporter leaves
   spurious dim_params on outputs, and fixed pool sizes must reach ATC as numbers);
 - reports int64/bool inputs (ATC converts them but they are "works but verify", ascend.md 1.1) and ops
@@ -19,6 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+
+from graphs import bf16_rounding
 
 from .errors import PrepassError
 from .plan import GraphPlan
@@ -133,6 +137,11 @@ def make_atc_ready(src: Path, plan: GraphPlan, manifest: dict, out: Path, seed: 
         _fix_dims(vi, planned_dims(plan, t.shape), g)
     # Intermediate shapes were inferred with the old symbolic dims; ATC infers its own.
     del model.graph.value_info[:]
+
+    if plan.precision != "origin":
+        # The memories' bf16 rounding is float32 arithmetic whose splitter is inf in float16: where ATC
+        # may compute in float16, it becomes Casts again (graphs/bf16_rounding.py; same values in ORT).
+        bf16_rounding.as_casts(model)
 
     wide = [f"{t.name} ({t.dtype})" for t in plan.inputs if t.dtype in ("int64", "bool")]
     if wide:

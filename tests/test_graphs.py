@@ -81,6 +81,53 @@ def test_manifest_describes_graphs_tokenizer_and_source(tiny_bundle):
     assert m["exporter"]["torch"].startswith("2.13.0")
 
 
+def test_bf16_rounding_is_round_to_nearest_even_in_any_runtime(tiny_bundle):
+    """memory_encoder rounds its memories to bfloat16 as the reference stores them (torch's cast: nearest,
+    ties to even), with plain float32 arithmetic every runtime does exactly, where a Cast to BFLOAT16
+    rounds differently in OpenVINO. Checked on random values and on exact ties, in torch and in the
+    exported nodes run by ONNX Runtime and OpenVINO."""
+    import numpy as np
+    import onnx
+    import onnxruntime as ort
+    import openvino as ov
+    import torch
+    from onnx import helper
+
+    from graphs.modules import round_to_bfloat16
+
+    rng = np.random.default_rng(0)
+    x = (rng.standard_normal(200_000) * rng.choice([1e-4, 1.0, 40.0], 200_000)).astype(np.float32)
+    ties = ((x.view(np.uint32) & 0xFFFF0000) | 0x8000).view(np.float32)  # halfway between two bf16 values
+    values = np.concatenate([x, ties, np.array([0.0, -0.0, 1e-30, 3e33], np.float32)])
+    want = torch.from_numpy(values).to(torch.bfloat16).float().numpy()
+    assert np.array_equal(round_to_bfloat16(torch.from_numpy(values)).numpy(), want)
+
+    m = json.loads((tiny_bundle / "manifest.json").read_text())
+    names = m["graphs"]["memory_encoder"]["bf16_rounding"]
+    assert names == [f"bf16_rounding/{part}" for part in ("splitter", "scale", "residual", "result")]
+    assert all(g["bf16_rounding"] == [] for n, g in m["graphs"].items() if n != "memory_encoder")
+    graph = onnx.load(str(tiny_bundle / "memory_encoder.onnx")).graph
+    assert not [n for n in graph.node if n.op_type == "Cast" and
+                any(a.name == "to" and a.i == onnx.TensorProto.BFLOAT16 for a in n.attribute)]
+    nodes = {n.name: n for n in graph.node}
+    scale, residual, result = (nodes[k] for k in names[1:])
+    consts = {i.name: i for i in graph.initializer}
+    consts.update({n.output[0]: n.attribute[0].t for n in graph.node if n.op_type == "Constant"})
+    split_name = next(i for i in scale.input if i in consts)
+    splitter = onnx.numpy_helper.from_array(onnx.numpy_helper.to_array(consts[split_name]), name=split_name)
+    # the three nodes alone, on the values above, in both runtimes
+    x_name = next(i for i in scale.input if i not in consts)
+    vi = helper.make_tensor_value_info
+    alone = helper.make_graph([scale, residual, result], "rounding", [vi(x_name, onnx.TensorProto.FLOAT, [None])],
+                              [vi(result.output[0], onnx.TensorProto.FLOAT, [None])],
+                              initializer=[splitter])
+    model = helper.make_model(alone, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString()
+    got_ort = ort.InferenceSession(model, providers=["CPUExecutionProvider"]).run(None, {x_name: values})[0]
+    compiled = ov.Core().compile_model(ov.Core().read_model(model, b""), "CPU", {"INFERENCE_PRECISION_HINT": "f32"})
+    got_ov = compiled({x_name: values})[compiled.outputs[0]]
+    assert np.array_equal(got_ort, want) and np.array_equal(got_ov, want)
+
+
 def test_tiny_export_is_deterministic(tiny_bundle, tmp_path):
     again = export.export_bundle(None, tmp_path / "again", tiny_seed=0, log=lambda *_: None)
     a = json.loads((tiny_bundle / "manifest.json").read_text())["source"]["weights_sha256"]

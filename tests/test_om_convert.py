@@ -45,7 +45,7 @@ def converted(tiny_plain_bundle, fake_bin, tmp_path_factory) -> tuple[Path, dict
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("PATH", f"{fake_bin}{os.pathsep}{os.environ['PATH']}")
         om = convert_bundle(tiny_plain_bundle, "Ascend910B2", out, gears=GEARS, shape_range=("memory_encoder",),
-                            precision={"backbone": "mixed_float16"}, log=lambda *_: None)
+                            precision={"backbone": "mixed_float16", "memory_encoder": "fp16"}, log=lambda *_: None)
     return out, om
 
 
@@ -92,6 +92,28 @@ def test_the_fake_om_agrees_with_the_om_manifest(converted):
             assert header["dynamic_dims"] == g["profiles"]
     assert read_fake_om(out / om["graphs"]["backbone"]["om_file"])[0]["precision"]["precision_mode_v2"] == \
         "mixed_float16"
+
+
+def test_the_bf16_rounding_becomes_casts_at_reduced_precision(converted, tiny_plain_bundle, tmp_path):
+    """memory_encoder's bf16 rounding is float32 arithmetic (a splitter of 65537, inf in float16): at
+    origin it reaches ATC as it is; at fp16 (this fixture) the pre-pass turns it into Casts, and its
+    equivalence check (onnxruntime, 1e-5) holds."""
+    out, om = converted
+    names = json.loads((tiny_plain_bundle / "manifest.json").read_text())["graphs"]["memory_encoder"]["bf16_rounding"]
+    assert names == [f"bf16_rounding/{part}" for part in ("splitter", "scale", "residual", "result")]
+
+    def ops(path):
+        return {n.name: (n.op_type, [a.i for a in n.attribute if a.name == "to"]) for n in onnx.load(str(path)).graph.node}
+
+    fp16 = ops(out / om["graphs"]["memory_encoder"]["onnx"]["file"])
+    assert not set(names) & set(fp16)
+    assert fp16["bf16_rounding/to_bf16"] == ("Cast", [onnx.TensorProto.BFLOAT16])
+    assert fp16["bf16_rounding/to_float"] == ("Cast", [onnx.TensorProto.FLOAT])
+    origin = _plans(tiny_plain_bundle)["memory_encoder"]
+    manifest = json.loads((tiny_plain_bundle / "manifest.json").read_text())
+    make_atc_ready(tiny_plain_bundle / "memory_encoder.onnx", origin, manifest, tmp_path / "origin.onnx")
+    assert {n: t for n, (t, _) in ops(tmp_path / "origin.onnx").items() if n.startswith("bf16")} == \
+        {names[0]: "Constant", names[1]: "Mul", names[2]: "Sub", names[3]: "Sub"}
 
 
 def test_plans_recorded_in_the_om_manifest(converted, tiny_plain_bundle):

@@ -373,18 +373,18 @@ def _compare(a, b):
     return same, ious
 
 
-# Diagnosis of the mask divergences below (measured with OpenVINO 2026.4.1 on this CPU): every graph
-# agrees with ONNX Runtime to fp32 rounding (<= 2e-6 of the largest value), except memory_encoder's
-# maskmem_features, which the graph rounds to bfloat16 as the reference stores memories (Cast to
-# BFLOAT16 and back). OpenVINO's f32 -> bf16 Convert is not round-to-nearest-even: it adds 0x8000
-# only when bit 16 is set (ov::bfloat16::round_to_nearest_even), so about a quarter of the elements
-# land one bf16 step (2**-8 relative) from ONNX Runtime's and torch's. The next frame's mask logits
-# then move by ~2e-3; pixels that close to 0 flip, and on the tiny random model's speckled masks the
-# flipped pixels feed the following memories. Ids and scores still agree on every frame. Redoing that
-# one rounding exactly (RNE, in numpy) on OpenVINO's output removes the divergence (IoU 1.0 on
-# bikes-both; stream mean 0.99989; synthetic 0.9995 and 0.986): measured, not applied here.
-OV_BF16_ROUNDING = ("OpenVINO's f32->bf16 Convert (memory_encoder's bf16 rounding of maskmem_features) "
-                    "rounds differently from ONNX Runtime; see the comment above")
+# Diagnosis of the mask divergences below (measured with OpenVINO 2026.4.1 on this CPU). Every graph
+# agrees with ONNX Runtime to fp32 rounding (<= 2e-6 of the largest value); the memories' bf16 rounding,
+# once a Cast that OpenVINO rounds differently, is now float32 arithmetic both runtimes do exactly
+# (graphs/bf16_rounding.py), which made the bikes cases match (IoU >= 0.9991). What is left is the
+# kernels' own rounding: from frame 9 of the synthetic clip, single pixels whose logits are within
+# that rounding of 0 flip (1-4 pixels of masks of 800-35,000), and their memories carry the change
+# on. At new_det_thresh 0.85 the worst object-frame is 2 pixels of a 420-pixel mask leaving the
+# frame (IoU 0.9952); at the bundle threshold two small objects (ids 5 and 6, 350-460 pixels)
+# drift by 150-200 pixels on frames 30-33 (IoU 0.64 at worst). Ids and scores agree on every frame.
+# The same mechanism separates the fused and plain exports in tests/test_parity.py.
+OV_KERNEL_ROUNDING = ("fp32 rounding differences between OpenVINO's and ONNX Runtime's kernels flip pixels at "
+                      "logit 0 on the synthetic clip and the memories carry them on; see the comment above")
 
 
 def _synthetic():
@@ -401,7 +401,7 @@ PARITY_CASES = {  # the parity tests' clips, prompts, settings and directions (t
     "synthetic-0.85": ("synthetic", ["bike", "person"], {"hotstart_delay": 0, "new_det_thresh": 0.85}, "forward"),
     "synthetic-bundle-threshold": ("synthetic", ["bike", "person"], {"hotstart_delay": 0}, "forward"),
 }
-DIVERGING = {"bikes-both", "bikes-stream", "synthetic-0.85", "synthetic-bundle-threshold"}
+DIVERGING = {"synthetic-0.85", "synthetic-bundle-threshold"}
 _RUNS: dict = {}
 
 
@@ -431,7 +431,7 @@ def test_openvino_fp32_finds_the_same_objects_as_onnxruntime(case, tiny_bundle, 
     assert sum(len(r) for r in ort_run), "the case tracks no object"
 
 
-@pytest.mark.parametrize("case", [pytest.param(c, marks=pytest.mark.xfail(strict=True, reason=OV_BF16_ROUNDING))
+@pytest.mark.parametrize("case", [pytest.param(c, marks=pytest.mark.xfail(strict=True, reason=OV_KERNEL_ROUNDING))
                                   if c in DIVERGING else c for c in PARITY_CASES])
 def test_openvino_fp32_masks_match_onnxruntime(case, tiny_bundle, bikes_frames):
     """Every object-frame's mask IoU >= 0.999 against ONNX Runtime (the issue's bar)."""
