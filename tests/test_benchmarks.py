@@ -8,6 +8,7 @@ import json
 import pytest
 
 from benchmarks.measure import ExclusiveTimer, count_overrides, patched
+from benchmarks.graph_speed import main as graph_speed_main
 from benchmarks.run import main
 
 
@@ -74,3 +75,17 @@ def test_timer_counts_nested_calls_exclusively_and_patches_are_undone():
         assert thing.outer() == 2
     assert timer.calls == {"outer": 1, "inner": 1}
     assert "outer" not in vars(thing) and "inner" not in vars(thing)  # back to the class's methods
+
+
+def test_graph_speed_tool_runs_at_tiny_size(tiny_bundle, tmp_path, capsys):
+    """python -m benchmarks.graph_speed: every (runtime, graph, count) timed, a slope per graph, MatMul GFLOPS."""
+    out = tmp_path / "rows.json"
+    assert graph_speed_main(["--bundles", str(tiny_bundle), "--objects", "1,2", "--reps", "1", "--threads", "1",
+                             "--matmul", "--json", str(out)]) == 0
+    r = json.loads(out.read_text())
+    keys = {(row["runtime"], row["graph"], row["objects"]) for row in r["rows"]}
+    assert keys == {(rt, g, n) for rt in ("ort", "ov-f32", "ov-bf16") for g in ("propagation_decoder", "memory_encoder")
+                    for n in (1, 2)}
+    assert all(row["median_ms"] > 0 and "ms_per_object" in row for row in r["rows"])
+    assert isinstance(r["matmul"]["gflops"]["ort"], float)
+    assert "ms/extra object" in capsys.readouterr().out

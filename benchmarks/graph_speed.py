@@ -1,0 +1,188 @@
+"""One graph at a time, across runtimes and precisions, at several object counts; and the machine's best
+fp32/bf16 MatMul throughput. Answers "where does an extra object go, and how close to the CPU's limit is it?"
+
+    python -m benchmarks.graph_speed --bundles BUNDLE[,BUNDLE2] [--graphs propagation_decoder,memory_encoder]
+        [--runtimes ort,ov-f32,ov-bf16] [--objects 1,16] [--memories 2] [--pointers 2] [--reps 3] [--matmul]
+
+Inputs are seeded random values of the manifest's shapes (every memory and pointer valid), so the numbers
+are the graphs' cost, not a tracking run's. Repetitions are interleaved over every (bundle, runtime, graph,
+count) after one warm-up call each; medians [min-max] in ms, and the cost per extra object (least-squares
+slope over the counts). Timings on a shared machine are noisy: compare rows of one run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+
+import numpy as np
+
+RUNTIMES = ("ort", "ov-f32", "ov-bf16")
+
+
+def graph_inputs(manifest: dict, graph: str, objects: int, memories: int, pointers: int) -> dict:
+    """Seeded inputs of ``graph`` at these sizes: each object reads its own memories and pointers, all valid."""
+    rng = np.random.default_rng(0)
+    sizes = dict(objects=objects, memories=memories, pointers=pointers, memory_rows=objects * memories,
+                 pointer_rows=objects * pointers, prompts=1, images=1, points=2)
+    index = {"memory_index": np.arange(objects * memories).reshape(objects, memories),
+             "pointer_index": np.arange(objects * pointers).reshape(objects, pointers),
+             "memory_slot": np.tile(np.arange(1, memories + 1), (objects, 1)),
+             "pointer_offset": np.tile(np.arange(1, pointers + 1), (objects, 1))}
+    feeds = {}
+    for t in manifest["graphs"][graph]["inputs"]:
+        shape = [sizes[d] if isinstance(d, str) else d for d in t["shape"]]
+        if t["name"] in index:
+            value = index[t["name"]]
+        elif t["name"].endswith("_valid"):
+            value = np.ones(shape)
+        elif t["dtype"].startswith("int"):
+            value = np.zeros(shape)
+        elif t["name"] in ("binarize", "via_image", "use_memory", "multimask"):
+            value = np.zeros(shape)
+        else:
+            value = rng.standard_normal(shape)
+        feeds[t["name"]] = np.ascontiguousarray(value, dtype=t["dtype"])
+    return feeds
+
+
+def session(runtime: str, path: Path, threads: int | None):
+    """A callable running the graph at ``path`` on ``runtime`` with numpy feeds."""
+    if runtime == "ort":
+        import onnxruntime as ort
+
+        options = ort.SessionOptions()
+        if threads:
+            options.intra_op_num_threads = threads
+        s = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+        return lambda feeds: s.run(None, feeds)
+    import openvino as ov
+
+    config = {"INFERENCE_PRECISION_HINT": {"ov-f32": "f32", "ov-bf16": "bf16"}[runtime],
+              "PERFORMANCE_HINT": "LATENCY"}
+    if threads:
+        config["INFERENCE_NUM_THREADS"] = threads
+    request = ov.Core().compile_model(str(path), "CPU", config).create_infer_request()
+    return lambda feeds: request.infer(feeds)
+
+
+def time_graphs(bundles: list[Path], graphs: list[str], runtimes: list[str], objects: list[int], memories: int,
+                pointers: int, reps: int, threads: int | None, log=print) -> list[dict]:
+    cases = []
+    for bundle in bundles:
+        manifest = json.loads((bundle / "manifest.json").read_text())
+        for runtime in runtimes:
+            for graph in graphs:
+                run = session(runtime, bundle / manifest["graphs"][graph]["file"], threads)
+                for n in objects:
+                    feeds = graph_inputs(manifest, graph, n, memories, pointers)
+                    run(feeds)  # warm-up: first calls at a new shape pay for allocations and kernel choice
+                    cases.append({"bundle": bundle.name, "runtime": runtime, "graph": graph, "objects": n,
+                                  "run": run, "feeds": feeds, "ms": []})
+    for _ in range(reps):
+        for case in cases:
+            start = time.perf_counter()
+            case["run"](case["feeds"])
+            case["ms"].append((time.perf_counter() - start) * 1000)
+    rows = []
+    for case in cases:
+        ms = case.pop("ms")
+        case.pop("run"), case.pop("feeds")
+        rows.append({**case, "median_ms": statistics.median(ms), "min_ms": min(ms), "max_ms": max(ms)})
+    for key in {(r["bundle"], r["runtime"], r["graph"]) for r in rows}:
+        mine = [r for r in rows if (r["bundle"], r["runtime"], r["graph"]) == key]
+        if len(mine) > 1:
+            slope = float(np.polyfit([r["objects"] for r in mine], [r["median_ms"] for r in mine], 1)[0])
+            for r in mine:
+                r["ms_per_object"] = slope
+    return rows
+
+
+def matmul_throughput(reps: int, threads: int | None, m: int = 4096, k: int = 1024, n: int = 2048) -> dict:
+    """GFLOPS of one [m, k] x [k, n] MatMul with constant weights, in ONNX Runtime fp32 and OpenVINO f32/bf16:
+    about the most a dense fp32 (or bf16) graph can get from this CPU."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    weight = numpy_helper.from_array(rng.standard_normal((k, n)).astype(np.float32), "w")
+    graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"])], "matmul",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [m, k])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [m, n])], [weight])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    import tempfile
+
+    x = {"x": rng.standard_normal((m, k)).astype(np.float32)}
+    out = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "matmul.onnx"
+        onnx.save(model, str(path))
+        for runtime in RUNTIMES:
+            try:
+                run = session(runtime, path, threads)
+            except Exception as exc:  # no openvino, no bf16 on this CPU: say so, go on
+                out[runtime] = f"unavailable: {type(exc).__name__}: {exc}"
+                continue
+            run(x)
+            ms = []
+            for _ in range(max(reps, 3)):
+                start = time.perf_counter()
+                run(x)
+                ms.append((time.perf_counter() - start) * 1000)
+            out[runtime] = round(2 * m * k * n / (statistics.median(ms) / 1000) / 1e9, 1)
+    return {"shape": [m, k, n], "gflops": out}
+
+
+def cpu_flags() -> list[str]:
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return []
+    flags = next((line.split(":", 1)[1].split() for line in text.splitlines() if line.startswith("flags")), [])
+    return sorted(f for f in set(flags) if f.startswith(("amx", "avx512_bf16", "avx512_vnni", "avx512f")))
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.graph_speed", description=__doc__.split("\n\n")[0])
+    p.add_argument("--bundles", required=True, help="comma-separated bundle folders (e.g. fused and plain exports)")
+    p.add_argument("--graphs", default="propagation_decoder,memory_encoder")
+    p.add_argument("--runtimes", default="ort,ov-f32,ov-bf16", help=f"comma-separated, of {', '.join(RUNTIMES)}")
+    p.add_argument("--objects", default="1,16")
+    p.add_argument("--memories", type=int, default=2)
+    p.add_argument("--pointers", type=int, default=2)
+    p.add_argument("--reps", type=int, default=3)
+    p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--matmul", action="store_true", help="also measure the CPU's best MatMul throughput")
+    p.add_argument("--json", type=Path, default=None, help="write the rows here too")
+    args = p.parse_args(argv)
+    runtimes = args.runtimes.split(",")
+    unknown = [r for r in runtimes if r not in RUNTIMES]
+    if unknown:
+        p.error(f"--runtimes: {unknown} not among {RUNTIMES}")
+    bundles = [Path(b) for b in args.bundles.split(",")]
+    missing = [str(b) for b in bundles if not (b / "manifest.json").is_file()]
+    if missing:
+        p.error(f"--bundles: {missing} hold no manifest.json (export one with python -m graphs.export)")
+    rows = time_graphs(bundles, args.graphs.split(","), runtimes, [int(n) for n in args.objects.split(",")],
+                       args.memories, args.pointers, args.reps, args.threads)
+    print(f"CPU flags: {' '.join(cpu_flags()) or 'unknown'}; {args.memories} memories, {args.pointers} pointers")
+    print(f"{'bundle':<16} {'runtime':<8} {'graph':<20} {'objects':>7} {'median ms':>10}  [min-max]   ms/extra object")
+    for r in sorted(rows, key=lambda r: (r["graph"], r["bundle"], r["runtime"], r["objects"])):
+        per = f"{r['ms_per_object']:.1f}" if "ms_per_object" in r else "-"
+        print(f"{r['bundle']:<16} {r['runtime']:<8} {r['graph']:<20} {r['objects']:>7} {r['median_ms']:>10.1f}  "
+              f"[{r['min_ms']:.1f}-{r['max_ms']:.1f}]   {per}")
+    result = {"cpu_flags": cpu_flags(), "rows": rows}
+    if args.matmul:
+        result["matmul"] = matmul_throughput(args.reps, args.threads)
+        shape = "x".join(map(str, result["matmul"]["shape"]))
+        print(f"MatMul {shape}, GFLOPS: " + ", ".join(f"{k} {v}" for k, v in result["matmul"]["gflops"].items()))
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
