@@ -361,9 +361,16 @@ class MemoryConditioning(nn.Module):
         q = _rope(module.q_proj(query).unflatten(-1, (heads, head_dim)), cos, signed_sin).expand(n, -1, -1, -1)
         k = module.k_proj(key).unflatten(-1, (heads, head_dim))  # [N, L, H, D]
         if pointers:
-            num_rope = hw * key_repeats
-            spatial = _rope(k[:, :num_rope].unflatten(1, (key_repeats, hw)), cos, signed_sin).flatten(1, 2)
-            k = torch.cat([spatial, k[:, num_rope:]], dim=1)
+            # RoPE on the spatial keys only, without slicing them out: the pair swap comes from a second
+            # projection with swapped output rows (cheap: keys are 64 wide), and the pointer tokens
+            # get the identity rotation (cos 1, sin 0). The same products as _rope, bit for bit.
+            proj = module.k_proj
+            swap = torch.arange(proj.out_features).reshape(-1, 2).flip(-1).reshape(-1)
+            k_swapped = F.linear(key, proj.weight[swap], proj.bias[swap]).unflatten(-1, (heads, head_dim))
+            others = key.shape[1] - hw * key_repeats
+            cos_k = torch.cat([cos.repeat(key_repeats, 1, 1), cos.new_ones(others, 1, head_dim)])
+            sin_k = torch.cat([signed_sin.repeat(key_repeats, 1, 1), cos.new_zeros(others, 1, head_dim)])
+            k = k * cos_k + k_swapped * sin_k
         else:
             k = _rope(k, cos, signed_sin)
         v_proj = module.v_proj
