@@ -59,13 +59,13 @@ def session(runtime: str, path: Path, threads: int | None):
             options.intra_op_num_threads = threads
         s = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
         return lambda feeds: s.run(None, feeds)
-    import openvino as ov
+    from sam3track.backends.openvino import shared_core  # one Core per process: see its docstring
 
     config = {"INFERENCE_PRECISION_HINT": {"ov-f32": "f32", "ov-bf16": "bf16"}[runtime],
               "PERFORMANCE_HINT": "LATENCY"}
     if threads:
         config["INFERENCE_NUM_THREADS"] = threads
-    request = ov.Core().compile_model(str(path), "CPU", config).create_infer_request()
+    request = shared_core().compile_model(str(path), "CPU", config).create_infer_request()
     return lambda feeds: request.infer(feeds)
 
 

@@ -89,11 +89,11 @@ def test_bf16_rounding_is_round_to_nearest_even_in_any_runtime(tiny_bundle):
     import numpy as np
     import onnx
     import onnxruntime as ort
-    import openvino as ov
     import torch
     from onnx import helper
 
     from graphs.modules import round_to_bfloat16
+    from sam3track.backends.openvino import shared_core
 
     rng = np.random.default_rng(0)
     x = (rng.standard_normal(200_000) * rng.choice([1e-4, 1.0, 40.0], 200_000)).astype(np.float32)
@@ -123,7 +123,8 @@ def test_bf16_rounding_is_round_to_nearest_even_in_any_runtime(tiny_bundle):
                               initializer=[splitter])
     model = helper.make_model(alone, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString()
     got_ort = ort.InferenceSession(model, providers=["CPUExecutionProvider"]).run(None, {x_name: values})[0]
-    compiled = ov.Core().compile_model(ov.Core().read_model(model, b""), "CPU", {"INFERENCE_PRECISION_HINT": "f32"})
+    core = shared_core()  # one Core per process (a second one breaks signal delivery: see shared_core)
+    compiled = core.compile_model(core.read_model(model, b""), "CPU", {"INFERENCE_PRECISION_HINT": "f32"})
     got_ov = compiled({x_name: values})[compiled.outputs[0]]
     assert np.array_equal(got_ort, want) and np.array_equal(got_ov, want)
 

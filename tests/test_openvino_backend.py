@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import argparse
 import gc
+import signal
+import subprocess
+import sys
 
 import numpy as np
 import openvino as ov  # noqa: F401  a missing openvino fails this module, never skips it
@@ -20,10 +23,10 @@ from sam3track.backends import openvino as ov_backend
 from sam3track.errors import BackendError, BundleError, Sam3TrackError
 from sam3track.video import open_video
 
-from .conftest import CLIPS
+from .conftest import CLIPS, REPO
 
 F32 = TensorProto.FLOAT
-HAS_BF16 = "BF16" in ov_backend.cpu_capabilities(ov.Core())
+HAS_BF16 = "BF16" in ov_backend.cpu_capabilities()
 
 
 # ---------------------------------------------------------------------------------- small graphs
@@ -214,6 +217,34 @@ def test_close_releases_everything_and_later_use_raises(tmp_path):
             call()
     b.close()  # idempotent
 
+
+
+def test_signals_still_reach_python_after_backends_close_in_any_order(tmp_path):
+    """Two OpenVINO backends closed in the order they were opened, then Ctrl-C and SIGTERM: Python's
+    handlers run. With one ov.Core per backend, OpenVINO's CPU plugin left the thread on a freed signal
+    stack and the signal killed the process with SIGSEGV (this suite crashed so at a later signal test);
+    the backends now share one Core (shared_core). Run in a child so a crash fails this test only."""
+    graph = batch_graph(tmp_path)
+    script = f"""
+import gc, os, signal, numpy as np
+from sam3track.backends import create_backend
+backends = [create_backend("openvino", "cpu") for _ in range(2)]
+for b in backends:
+    g = b.load("batch", {graph!r})
+    b.to_host(b.run(g, {{"x": np.ones((3, 4), np.float32), "bias": np.zeros(4, np.float32)}})["y"])
+del g, b  # the list holds the only references
+while backends:
+    backends.pop(0).close()  # the first opened is closed, and released, first
+    gc.collect()
+seen = []
+for s in (signal.SIGINT, signal.SIGTERM):
+    signal.signal(s, lambda signum, frame: seen.append(signum))
+    os.kill(os.getpid(), s)
+print("handled", seen)
+"""
+    proc = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, f"exit {proc.returncode}: {proc.stderr[-2000:]}"
+    assert f"handled [{int(signal.SIGINT)}, {int(signal.SIGTERM)}]" in proc.stdout
 
 def test_counters_match_onnxruntime_on_a_session(tiny_bundle, bikes_frames):
     """calls and transfers count the same things as the ONNX Runtime backend's; seconds per graph."""

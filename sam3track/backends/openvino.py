@@ -104,7 +104,7 @@ class OpenVinoBackend(Backend):
         precision = "fp32" if precision is None else precision
         if precision not in PRECISIONS:
             raise Sam3TrackError(f"unknown precision {precision!r} for openvino; use one of {', '.join(PRECISIONS)}")
-        self._core = ov.Core()
+        self._core = shared_core()
         if precision == "bf16":
             capabilities = cpu_capabilities(self._core)
             if "BF16" not in capabilities:
@@ -292,8 +292,31 @@ class OpenVinoBackend(Backend):
         self.closed = True
 
 
-def cpu_capabilities(core) -> list[str]:
+_SHARED_CORE = None
+_SHARED_CORE_LOCK = threading.Lock()
+
+
+def shared_core():
+    """The process's one ``ov.Core``, never released: every backend (and anything else of ours that asks
+    OpenVINO something) goes through it.
+
+    Why one: each Core loads its own instance of the CPU plugin, and each instance installs a signal
+    stack (sigaltstack) on the thread that created it, remembering the one it replaced, and puts that
+    back when it is released. Two instances released in the order they were made (open two predictors,
+    close the first, then the second) leave the thread on the first instance's freed stack, and the next
+    signal delivered there (Ctrl-C, SIGTERM) kills the process with SIGSEGV instead of running Python's
+    handler (OpenVINO 2026.4 on Linux; reproduced in tests/test_openvino_backend.py). With one instance
+    alive for the whole process, the stack it installed stays valid."""
+    global _SHARED_CORE
+    with _SHARED_CORE_LOCK:
+        if _SHARED_CORE is None:
+            _SHARED_CORE = ov.Core()
+        return _SHARED_CORE
+
+
+def cpu_capabilities(core=None) -> list[str]:
     """OpenVINO's OPTIMIZATION_CAPABILITIES of the CPU (BF16 among them on AMX / AVX512-BF16 CPUs)."""
+    core = shared_core() if core is None else core
     return [str(c) for c in core.get_property("CPU", "OPTIMIZATION_CAPABILITIES")]
 
 

@@ -58,7 +58,7 @@ def _backends_lines() -> list[str]:
 
         from sam3track.backends.openvino import cpu_capabilities
 
-        bf16 = "fp32 (default), bf16" if "BF16" in cpu_capabilities(openvino.Core()) else "fp32 (no bf16 on this CPU)"
+        bf16 = "fp32 (default), bf16" if "BF16" in cpu_capabilities() else "fp32 (no bf16 on this CPU)"
         lines.append(f"openvino {openvino.__version__.split('-')[0]}: device cpu, precision {bf16}")
     except Exception as e:  # not installed, or a broken build
         lines.append(f"openvino: not available ({type(e).__name__}: {e}); pip install 'sam3track[openvino]'")
