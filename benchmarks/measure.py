@@ -161,6 +161,36 @@ def run_ours(predictor, frames: np.ndarray, prompts, n_frames: int | None = None
     return records
 
 
+
+def ours_detection_scores(predictor, frame: np.ndarray, prompts) -> list[float]:
+    """Every detection score of one RGB frame over all prompts as ``predictor`` computes them, highest
+    first: what its thresholds compare. A variant at lower precision (bf16, int8) scores detections a
+    little differently from the reference, so the thresholds that give it N objects come from these."""
+    from sam3track.frame_loop import FrameLoop
+
+    found = []
+    original = FrameLoop.detect
+
+    def detect(self, *args, **kwargs):
+        det = original(self, *args, **kwargs)
+        found.append(det.scores.copy())
+        return det
+
+    FrameLoop.detect = detect
+    try:
+        with predictor.start_session(frame[None]) as session:
+            for text in prompts:
+                session.add_prompt(frame_index=0, text=text)
+            session.run_frame(0)
+    finally:
+        FrameLoop.detect = original
+    return sorted(np.concatenate(found).tolist(), reverse=True)
+
+
+# Loading a predictor only to read its first-frame scores: every detection passes, none starts an object.
+SCORING_OVERRIDES = {"score_threshold_detection": 0.0, "new_det_thresh": 1.0, "mask_nms": False,
+                     "fill_holes": False, "hotstart_delay": 0}
+
 # ------------------------------------------------------------------------------------- reference
 class Reference:
     """transformers' Sam3VideoModel on the bundle's source checkpoint, driven with our pixel values and

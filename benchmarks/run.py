@@ -42,7 +42,7 @@ from pathlib import Path
 import numpy as np
 
 from .bundles import PRESETS, BundleInfo, exporter_hash, get_bundle, int8_supported
-from .measure import Reference, count_overrides, run_ours, summarize
+from .measure import SCORING_OVERRIDES, Reference, count_overrides, ours_detection_scores, run_ours, summarize
 
 REPO = Path(__file__).resolve().parents[1]
 CLIPS = REPO / "examples" / "clips"
@@ -68,7 +68,9 @@ COUNTS_NOTE = ("are set identically on both sides (`sam3track.load(bundle, **ove
                "rules remove nobody; `det_nms_thresh` = 0 (NMS is off on both sides, see below; without its kernel "
                "the reference would still compute the detections' pairwise mask IoU, quadratic in detections, and "
                "discard it). Ours also runs with `match_reference_quirks=True` (the reference's cross-prompt "
-               "coupling, so both do the same work). The table lists every per-frame tracked count seen in every "
+               "coupling, so both do the same work). Fast variants at another precision (bf16, int8) score detections "
+               "a little differently, so each of them gets its thresholds by the same rule from its own first-frame "
+               "scores (ort-fp32 shares the reference's). The table lists every per-frame tracked count seen in every "
                "repetition of each side.")
 
 
@@ -214,6 +216,22 @@ def time_counts(args, preset, bundles, results, save, log) -> None:
     scores = ref.detection_scores(pixels[0], args.prompts, tokenizer)
     results["first_frame_scores"] = [round(s, 6) for s in scores]
     variants = results["variants"]
+    # A variant at another precision scores detections a little differently: its thresholds come from its
+    # own first-frame scores, so that it too tracks N objects (ort-fp32 shares the reference's: they match).
+    own_scores = {}
+    for name in args.variants:
+        if name == "ort-fp32" or not variants[name]["available"]:
+            continue
+        try:
+            predictor = load_variant(name, bundles, SCORING_OVERRIDES, args.threads)
+        except Unavailable as exc:
+            variants[name].update(available=False, reason=str(exc))
+            continue
+        try:
+            own_scores[name] = ours_detection_scores(predictor, frames[0], args.prompts)
+        finally:
+            predictor.close()
+        results.setdefault("variant_first_frame_scores", {})[name] = [round(s, 6) for s in own_scores[name][:80]]
     for n in args.objects:
         key = str(n)
         overrides, note = count_overrides(scores, n)
@@ -221,13 +239,20 @@ def time_counts(args, preset, bundles, results, save, log) -> None:
         results["overrides"][key] = {"both": overrides, "ours_only": {**OURS_FIXED, "pool_objects": max(64, n)}}
         log(f"[{n} objects] thresholds {overrides['score_threshold_detection']:.6f} (load {_load()})")
         ref.configure(overrides)
-        ours_overrides = {**overrides, **OURS_FIXED, "pool_objects": max(64, n)}
+        variant_overrides = {}
+        for name in args.variants:
+            mine = overrides
+            if name in own_scores:
+                mine, mine_note = count_overrides(own_scores[name], n)
+                results["overrides"][key][name] = mine
+                results.setdefault("variant_count_notes", {}).setdefault(key, {})[name] = mine_note
+            variant_overrides[name] = {**mine, **OURS_FIXED, "pool_objects": max(64, n)}
         predictors = {}  # loaded once per count; with --low-memory, loaded for each run and closed after it
 
         def ours(name, n_frames=None):
             if not args.low_memory:
                 return run_ours(predictors[name], frames, args.prompts, n_frames=n_frames)
-            predictor = load_variant(name, bundles, ours_overrides, args.threads)
+            predictor = load_variant(name, bundles, variant_overrides[name], args.threads)
             try:  # a fresh predictor: its own warm-up first, as the reference's model stays warm
                 run_ours(predictor, frames, args.prompts, n_frames=args.warmup_frames)
                 return run_ours(predictor, frames, args.prompts, n_frames=n_frames)
@@ -238,7 +263,7 @@ def time_counts(args, preset, bundles, results, save, log) -> None:
             if not variants[name]["available"]:
                 continue
             try:
-                predictors[name] = None if args.low_memory else load_variant(name, bundles, ours_overrides,
+                predictors[name] = None if args.low_memory else load_variant(name, bundles, variant_overrides[name],
                                                                              args.threads)
             except Unavailable as exc:
                 variants[name].update(available=False, reason=str(exc))

@@ -45,6 +45,11 @@ def test_benchmark_tool_runs_at_tiny_size(tiny_bundle, tmp_path):
     for name in ("openvino-bf16", "ort-int8"):  # measured, or unavailable with the reason
         v = r["variants"][name]
         assert (v["available"] and name in r["summary"]) or (not v["available"] and v["reason"]), v
+        if v["available"]:  # thresholds from the variant's own first-frame scores, by the same rule
+            own = r["variant_first_frame_scores"][name]
+            for n in ("1", "2"):
+                t = r["overrides"][n][name]["score_threshold_detection"]
+                assert own[int(n) - 1] > t >= own[int(n)] or own[int(n) - 1] == own[int(n)], (name, n, t, own[:3])
     for side in ("ours", "reference"):
         rss = r["rss"][side]
         assert "error" not in rss, rss
