@@ -132,17 +132,35 @@ def markdown(r: dict) -> str:
     lines.append("")
 
     lines += ["## Variants of ours", ""]
-    lines += ["| variant | status | " + " | ".join(f"{n} obj ms/frame (ratio to ref)" for n in objects) + " |",
-              "|---|---|" + "---|" * len(objects)]
+    lines += ["| variant | status | " + " | ".join(f"{n} obj ms/frame (ratio to ref)" for n in objects)
+              + " | ms per extra object (ratio to ref) |", "|---|---|" + "---|" * (len(objects) + 1)]
+    ref_slope = slopes.get("reference", {}).get("ms_per_object")
     for name, v in r["variants"].items():
         cells = []
         for n in objects:
             e = summary.get(name, {}).get(n)
             ratio = r["ratios"].get(name, {}).get(n)
-            cells.append("-" if not e else f"{_span(e['ms'])} ({ratio:.2f})")
+            flag = "" if not e or e["counts_ok"] else f", tracked {_counts(e)}"
+            cells.append("-" if not e else f"{_span(e['ms'])} ({ratio:.2f}{flag})")
+        mine = slopes.get(name, {}).get("ms_per_object")
+        per = "-" if mine is None or not ref_slope or mine != mine else f"{mine:.1f} ({mine / ref_slope:.2f})"
         status = "measured" if v["available"] else f"unavailable: {v['reason']}"
-        lines.append(f"| {name} | {status} | " + " | ".join(cells) + " |")
+        lines.append(f"| {name} | {status} | " + " | ".join(cells) + f" | {per} |")
     lines.append("")
+    warm = r.get("warmup") or {}
+    if warm:
+        lines += [f"**Warm-up runs** (one per side and count, before the timed ones, over "
+                  f"{s['warmup_frames']} frames; a variant that compiles per call shape, openvino *-static, "
+                  "compiles there): ms per frame, frame by frame.", "",
+                  "| side | " + " | ".join(f"{n} obj" for n in objects) + " |", "|---|" + "---|" * len(objects)]
+        for name, per_n in warm.items():
+            lines.append(f"| {name} | " + " | ".join(" / ".join(_fmt(x) for x in per_n.get(n, [])) or "-"
+                                                    for n in objects) + " |")
+        lines.append("")
+    for name in r["variants"]:
+        if name != "ort-fp32" and summary.get(name):
+            lines += [f"### Where the time goes, {name}: ms per frame", ""]
+            lines += _parts_table(summary[name], objects)
     if r["fidelity"]:
         lines += ["### Fidelity against ort-fp32", "", r["fidelity_method"], "",
                   "| variant | clip | frames | same ids (fraction of frames) | mask IoU mean | mask IoU min | objects/frame (fp32) |",
@@ -213,7 +231,9 @@ def plots(r: dict, out: Path) -> None:
     fig, ax = plt.subplots(figsize=(6.4, 4.4))
     styles = {"reference": ("transformers reference", "#333333", "s"), "ort-fp32": ("sam3track ort-fp32", "#c44e52", "o"),
               "openvino-fp32": ("sam3track openvino-fp32", "#4c72b0", "^"),
-              "openvino-bf16": ("sam3track openvino-bf16", "#55a868", "v"), "ort-int8": ("sam3track ort-int8", "#dd8452", "D")}
+              "openvino-bf16": ("sam3track openvino-bf16", "#55a868", "v"), "ort-int8": ("sam3track ort-int8", "#dd8452", "D"),
+              "openvino-fp32-static": ("sam3track openvino-fp32-static", "#8172b3", "<"),
+              "openvino-bf16-static": ("sam3track openvino-bf16-static", "#2ca02c", ">")}
     for side, (label, colour, marker) in styles.items():
         entry = r["summary"].get(side)
         if not entry:
@@ -239,8 +259,11 @@ def plots(r: dict, out: Path) -> None:
 
     fig, axes = plt.subplots(1, len(objects), figsize=(3.0 * len(objects) + 1.5, 4.4), squeeze=False)
     seen = {}
+    others = [v for v in r["summary"] if v not in ("ort-fp32", "reference")]
+    fastest = min(others, key=lambda v: sum(e["ms"]["median"] for e in r["summary"][v].values()), default=None)
+    sides = ["ort-fp32", "reference"] + ([fastest] if fastest else [])
     for ax, n in zip(axes[0], objects):
-        for x, side in enumerate(("ort-fp32", "reference")):
+        for x, side in enumerate(sides):
             parts = (r["summary"].get(side, {}).get(n) or {}).get("parts_ms", {})
             bottom = 0.0
             for cat in sorted(parts, key=lambda c: list(KINDS).index(c) if c in KINDS else len(KINDS)):
@@ -249,10 +272,12 @@ def plots(r: dict, out: Path) -> None:
                 bar = ax.bar(x, value, bottom=bottom, color=colour, width=0.6)
                 seen.setdefault(label, bar)
                 bottom += value
-        ax.set_xticks([0, 1], ["ours", "reference"])
+        ax.set_xticks(list(range(len(sides))), ["ours", "reference"] + ([fastest.replace("openvino", "ov")] if fastest else []),
+                      fontsize=8)
         ax.set_title(f"{n} object{'s' if n != '1' else ''}")
         ax.set_ylabel("ms per frame" if n == objects[0] else "")
-    fig.suptitle(f"{r['preset']} preset: where a frame's time goes (ours = ort-fp32)")
+    fig.suptitle(f"{r['preset']} preset: where a frame's time goes (ours = ort-fp32"
+                 + (f"; the fastest variant, {fastest}, beside it)" if fastest else ")"))
     fig.tight_layout(rect=(0, 0, 0.78, 0.95))
     fig.legend(seen.values(), seen.keys(), loc="center left", bbox_to_anchor=(0.79, 0.5), fontsize=8)
     fig.savefig(out / "breakdown.png", dpi=110, bbox_inches="tight")

@@ -50,6 +50,9 @@ VARIANTS = {
     "ort-fp32": {"bundle": "fp32", "backend": "onnxruntime"},
     "openvino-fp32": {"bundle": "fp32", "backend": "openvino", "precision": "fp32"},
     "openvino-bf16": {"bundle": "fp32", "backend": "openvino", "precision": "bf16"},
+    # static shapes: each graph compiled again per distinct call shape (in the warm-up run), faster calls
+    "openvino-fp32-static": {"bundle": "fp32", "backend": "openvino", "precision": "fp32", "shapes": "static"},
+    "openvino-bf16-static": {"bundle": "fp32", "backend": "openvino", "precision": "bf16", "shapes": "static"},
     "ort-int8": {"bundle": "int8", "backend": "onnxruntime"},
 }
 # On our side only (the reference has no such settings): NMS and hole filling off, as transformers
@@ -168,6 +171,8 @@ def load_variant(name: str, bundles: dict, overrides: dict, threads: int | None)
         if "precision" not in inspect.signature(Predictor.load).parameters:
             raise Unavailable("sam3track.load has no precision= option in this checkout")
         options["precision"] = spec["precision"]
+        if "shapes" in spec:
+            options["shapes"] = spec["shapes"]
     try:
         return sam3track.load(bundle.bundle, backend=spec["backend"], threads=threads, **options, **overrides)
     except Exception as exc:  # a missing runtime, a CPU without bf16, ...: reported, the run goes on
@@ -273,7 +278,8 @@ def time_counts(args, preset, bundles, results, save, log) -> None:
         # warm-up (not reported): first calls at new shapes pay for allocations and kernel selection
         for name in [] if args.low_memory else list(predictors):  # (--low-memory: inside each run)
             try:
-                ours(name, n_frames=args.warmup_frames)
+                warm = ours(name, n_frames=args.warmup_frames)
+                results["warmup"].setdefault(name, {})[key] = [r.ms for r in warm]
             except Exception as exc:
                 variants[name].update(available=False, reason=f"failed to run: {type(exc).__name__}: {exc}")
                 log(f"  {name}: failed to run: {exc}")
@@ -281,7 +287,8 @@ def time_counts(args, preset, bundles, results, save, log) -> None:
                 if failed is not None:
                     failed.close()
                 raw.pop(name)
-        ref.run(pixels, h, w, args.prompts, tokenizer, n_frames=args.warmup_frames)
+        warm = ref.run(pixels, h, w, args.prompts, tokenizer, n_frames=args.warmup_frames)
+        results["warmup"].setdefault("reference", {})[key] = [r.ms for r in warm]
         order = ["ort-fp32", "reference"] + [v for v in predictors if v != "ort-fp32"]
         order = [s for s in order if s == "reference" or s in predictors]
         for rep in range(args.reps):
@@ -497,7 +504,7 @@ def main(argv: list[str] | None = None) -> int:
         "variants": {v: {"available": True, "reason": None} for v in args.variants},
         "count_notes": {}, "overrides": {}, "first_frame_scores": [], "summary": {}, "runs": {},
         "ratios": {}, "model_ratios": {}, "slopes": {}, "load_after": {},
-        "fidelity": {}, "fidelity_method": "", "rss": None,
+        "fidelity": {}, "fidelity_method": "", "rss": None, "warmup": {},
     }
 
     def save() -> None:

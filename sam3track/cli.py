@@ -160,6 +160,9 @@ def build_parser() -> argparse.ArgumentParser:
     track.add_argument("--precision", default=None, metavar="fp32|bf16",
                        help="openvino only: fp32 (default), or bf16 on CPUs with bf16 support (AMX, "
                             "AVX512-BF16): faster, results may differ from fp32")
+    track.add_argument("--shapes", default=None, choices=("dynamic", "static"),
+                       help="openvino only: dynamic (default: each graph compiled once), or static (compiled "
+                            "again for each new call shape, seconds each, then faster: long videos)")
     track.add_argument("--threads", type=_int_at_least(1), default=None, metavar="N",
                        help="intra-op threads for the backend (default: the backend's own, every core)")
     track.add_argument("--set", type=_setting, action="append", default=[], metavar="NAME=VALUE",

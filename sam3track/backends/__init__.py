@@ -11,8 +11,8 @@ BACKENDS = ("onnxruntime", "openvino", "acl")
 def create_backend(name: str, device: str = "cpu", **options) -> Backend:
     """options, common to every backend: threads (intra-op threads: ONNX Runtime's
     intra_op_num_threads, OpenVINO's INFERENCE_NUM_THREADS; acl accepts and ignores it; None: the
-    backend's own default, every core). Backend-specific: gears (onnxruntime), precision and
-    cache_dir (openvino)."""
+    backend's own default, every core). Backend-specific: gears (onnxruntime), precision, shapes
+    and cache_dir (openvino)."""
     threads = options.get("threads")
     if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
         raise Sam3TrackError(f"threads must be a whole number >= 1, or None for the backend's default; "
@@ -21,12 +21,17 @@ def create_backend(name: str, device: str = "cpu", **options) -> Backend:
         raise Sam3TrackError(f"precision= is an openvino option (fp32 or bf16); the {name} backend runs each graph "
                              "at the precision the bundle stores it in (graphs.export --int8 quantises graphs): "
                              "leave precision unset or use backend='openvino'")
+    if name not in ("openvino", "ov") and options.get("shapes") is not None:
+        raise Sam3TrackError(f"shapes= is an openvino option (dynamic or static); the {name} backend runs every "
+                             "call at its own size (onnxruntime) or at the bundle's compiled gears (acl): leave "
+                             "shapes unset or use backend='openvino'")
     if name not in ("openvino", "ov"):
         options.pop("precision", None)  # None: nothing asked for
+        options.pop("shapes", None)
     if name in ("onnxruntime", "ort"):
         from .onnxruntime import OnnxRuntimeBackend
 
-        _refuse(name, options, {"threads", "gears"}, "precision= and cache_dir= are openvino options")
+        _refuse(name, options, {"threads", "gears"}, "precision=, shapes= and cache_dir= are openvino options")
         return OnnxRuntimeBackend(device=device, **options)
     if name in ("openvino", "ov"):
         try:
@@ -34,7 +39,7 @@ def create_backend(name: str, device: str = "cpu", **options) -> Backend:
         except ImportError as exc:
             raise Sam3TrackError(f"backend='openvino' needs the openvino package ({exc}); "
                                  "pip install 'sam3track[openvino]'") from exc
-        _refuse(name, options, {"threads", "precision", "cache_dir"},
+        _refuse(name, options, {"threads", "precision", "cache_dir", "shapes"},
                 "gears= is an onnxruntime option: the openvino backend runs every call at its own size")
         return OpenVinoBackend(device=device, **options)
     if name == "acl":

@@ -54,11 +54,13 @@ def run_track(
     report: dict | None = None,
     threads: int | None = None,
     precision: str | None = None,
+    shapes: str | None = None,
 ) -> int:
     """Track ``prompts`` through ``video`` and write the outputs; returns the exit code.
 
-    ``threads``, ``precision``: passed to :func:`sam3track.load` when given (intra-op threads for
-    any backend; ``precision`` "fp32" or "bf16" for ``backend="openvino"``).
+    ``threads``, ``precision``, ``shapes``: passed to :func:`sam3track.load` when given (intra-op
+    threads for any backend; ``precision`` "fp32" or "bf16" and ``shapes`` "dynamic" or "static" for
+    ``backend="openvino"``).
 
     ``predictor``: a predictor already loaded from ``bundle`` (with ``backend``, ``device`` and
     ``overrides``) to use instead of loading the bundle again; it is left open, so one process can
@@ -80,6 +82,8 @@ def run_track(
         overrides["threads"] = threads
     if precision is not None:
         overrides["precision"] = precision
+    if shapes is not None:
+        overrides["shapes"] = shapes
     try:
         with InterruptGuard() as guard:
             return _track(
@@ -370,5 +374,5 @@ def cmd_track(args: argparse.Namespace) -> int:
         masks_dir=args.masks_dir, start_frame=args.start_frame, max_frames=args.max_frames,
         backend=args.backend, device=args.device, overrides=dict(args.set),
         keep_timestamps=args.keep_timestamps, geometric=args.geometric,
-        threads=args.threads, precision=args.precision,
+        threads=args.threads, precision=args.precision, shapes=args.shapes,
     )
