@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-RUNTIMES = ("ort", "ov-f32", "ov-bf16")
+RUNTIMES = ("ort", "ov-f32", "ov-bf16", "ov-f32-static", "ov-bf16-static")  # *-static: compiled for the call's shapes
 
 
 def graph_inputs(manifest: dict, graph: str, objects: int, memories: int, pointers: int) -> dict:
@@ -49,8 +49,9 @@ def graph_inputs(manifest: dict, graph: str, objects: int, memories: int, pointe
     return feeds
 
 
-def session(runtime: str, path: Path, threads: int | None):
-    """A callable running the graph at ``path`` on ``runtime`` with numpy feeds."""
+def session(runtime: str, path: Path, threads: int | None, feeds: dict | None = None):
+    """A callable running the graph at ``path`` on ``runtime`` with numpy feeds (a *-static runtime:
+    compiled for the shapes of ``feeds``, as the openvino backend's shapes="static" does)."""
     if runtime == "ort":
         import onnxruntime as ort
 
@@ -61,11 +62,14 @@ def session(runtime: str, path: Path, threads: int | None):
         return lambda feeds: s.run(None, feeds)
     from sam3track.backends.openvino import shared_core  # one Core per process: see its docstring
 
-    config = {"INFERENCE_PRECISION_HINT": {"ov-f32": "f32", "ov-bf16": "bf16"}[runtime],
-              "PERFORMANCE_HINT": "LATENCY"}
+    config = {"INFERENCE_PRECISION_HINT": "bf16" if "bf16" in runtime else "f32", "PERFORMANCE_HINT": "LATENCY"}
     if threads:
         config["INFERENCE_NUM_THREADS"] = threads
-    request = shared_core().compile_model(str(path), "CPU", config).create_infer_request()
+    core = shared_core()
+    model = core.read_model(str(path))
+    if runtime.endswith("-static"):
+        model.reshape({p: list(feeds[p.get_node().get_friendly_name()].shape) for p in model.inputs})
+    request = core.compile_model(model, "CPU", config).create_infer_request()
     return lambda feeds: request.infer(feeds)
 
 
@@ -76,9 +80,12 @@ def time_graphs(bundles: list[Path], graphs: list[str], runtimes: list[str], obj
         manifest = json.loads((bundle / "manifest.json").read_text())
         for runtime in runtimes:
             for graph in graphs:
-                run = session(runtime, bundle / manifest["graphs"][graph]["file"], threads)
+                run = None if runtime.endswith("-static") else session(runtime, bundle / manifest["graphs"][graph]["file"],
+                                                                      threads)
                 for n in objects:
                     feeds = graph_inputs(manifest, graph, n, memories, pointers)
+                    if runtime.endswith("-static"):
+                        run = session(runtime, bundle / manifest["graphs"][graph]["file"], threads, feeds)
                     run(feeds)  # warm-up: first calls at a new shape pay for allocations and kernel choice
                     cases.append({"bundle": bundle.name, "runtime": runtime, "graph": graph, "objects": n,
                                   "run": run, "feeds": feeds, "ms": []})
@@ -122,7 +129,7 @@ def matmul_throughput(reps: int, threads: int | None, m: int = 4096, k: int = 10
         onnx.save(model, str(path))
         for runtime in RUNTIMES:
             try:
-                run = session(runtime, path, threads)
+                run = session(runtime, path, threads, x)
             except Exception as exc:  # no openvino, no bf16 on this CPU: say so, go on
                 out[runtime] = f"unavailable: {type(exc).__name__}: {exc}"
                 continue
@@ -149,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks.graph_speed", description=__doc__.split("\n\n")[0])
     p.add_argument("--bundles", required=True, help="comma-separated bundle folders (e.g. fused and plain exports)")
     p.add_argument("--graphs", default="propagation_decoder,memory_encoder")
-    p.add_argument("--runtimes", default="ort,ov-f32,ov-bf16", help=f"comma-separated, of {', '.join(RUNTIMES)}")
+    p.add_argument("--runtimes", default=",".join(RUNTIMES), help=f"comma-separated, of {', '.join(RUNTIMES)}")
     p.add_argument("--objects", default="1,16")
     p.add_argument("--memories", type=int, default=2)
     p.add_argument("--pointers", type=int, default=2)

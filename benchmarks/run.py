@@ -259,7 +259,8 @@ def time_counts(args, preset, bundles, results, save, log) -> None:
                 return run_ours(predictors[name], frames, args.prompts, n_frames=n_frames)
             predictor = load_variant(name, bundles, variant_overrides[name], args.threads)
             try:  # a fresh predictor: its own warm-up first, as the reference's model stays warm
-                run_ours(predictor, frames, args.prompts, n_frames=args.warmup_frames)
+                warm = run_ours(predictor, frames, args.prompts, n_frames=args.warmup_frames)
+                results["warmup"].setdefault(name, {}).setdefault(key, [r.ms for r in warm])  # the first one
                 return run_ours(predictor, frames, args.prompts, n_frames=n_frames)
             finally:
                 predictor.close()

@@ -89,7 +89,8 @@ def test_graph_speed_tool_runs_at_tiny_size(tiny_bundle, tmp_path, capsys):
                              "--matmul", "--json", str(out)]) == 0
     r = json.loads(out.read_text())
     keys = {(row["runtime"], row["graph"], row["objects"]) for row in r["rows"]}
-    assert keys == {(rt, g, n) for rt in ("ort", "ov-f32", "ov-bf16") for g in ("propagation_decoder", "memory_encoder")
+    assert keys == {(rt, g, n) for rt in ("ort", "ov-f32", "ov-bf16", "ov-f32-static", "ov-bf16-static")
+                    for g in ("propagation_decoder", "memory_encoder")
                     for n in (1, 2)}
     assert all(row["median_ms"] > 0 and "ms_per_object" in row for row in r["rows"])
     assert isinstance(r["matmul"]["gflops"]["ort"], float)
