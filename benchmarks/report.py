@@ -63,7 +63,8 @@ def markdown(r: dict) -> str:
     ours, ref = summary.get("ort-fp32", {}), summary.get("reference", {})
     lines = [f"# sam3track vs transformers' Sam3VideoModel: `{r['preset']}` preset", ""]
     lines += [f"`{r['command']}`, {r['started']} to {r['finished']}.", ""]
-    lines += [f"**Machine:** {m['cpu']}, {m['cores']} cores, {m['ram_gb']:.0f} GB RAM; "
+    lines += [f"**Machine:** {m['cpu']}, {m['cores']} cores, {m['ram_gb']:.0f} GB RAM, "
+              f"CPU flags {', '.join(m.get('isa', [])) or 'unknown'}; "
               f"load average {m['load_start']} at the start, {m['load_end']} at the end (a shared machine: "
               "other jobs ran beside this one, so compare sides within a run, not across runs). "
               + ", ".join(f"{k} {v}" for k, v in m["versions"].items()) + ".", ""]
@@ -249,7 +250,9 @@ def plots(r: dict, out: Path) -> None:
     ax.set_xlabel("objects tracked per frame")
     ax.set_ylabel("ms per frame (median, min-max bars)")
     threads = r["settings"].get("threads_n")
-    ax.set_title(f"{r['preset']} preset: {r['machine']['cores']}-core {r['machine']['cpu_short']}"
+    isa = r["machine"].get("isa", [])
+    extensions = " with AMX" if "amx_bf16" in isa else (" with AVX512-BF16" if "avx512_bf16" in isa else "")
+    ax.set_title(f"{r['preset']} preset: {r['machine']['cores']}-core {r['machine']['cpu_short']}{extensions}"
                  + (f", {threads} thread{'s' if threads > 1 else ''}" if threads else ""), fontsize=10)
     ax.grid(True, which="both", alpha=0.3)
     ax.legend()

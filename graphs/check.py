@@ -9,7 +9,8 @@ any output is over tolerance:
 - fp32 graphs: relative error <= 1e-4, relative to the output's largest magnitude (the tracker's
   -1024 "no object" fill is left out of that scale, or it would hide real errors);
 - maskmem_features (rounded to bfloat16 as the reference stores them): every element within one
-  bfloat16 rounding step of the reference, and nothing else; the tol column says "1 bf16 step". A value
+  bfloat16 rounding step of the reference, or within the fp32 bound of the largest value (where a step
+  is smaller than fp32 noise, near zero); the tol column says "1 bf16 step". A value
   that lands on the other side of a rounding boundary differs by one step (2**-8 to 2**-7 of its
   magnitude) whatever the fp32 error before rounding, so no fixed bound on the relative error decides
   this correctly; rel is printed for information (measured at full size: 3.97e-3);
@@ -78,10 +79,14 @@ def _rel(got: np.ndarray, ref: np.ndarray) -> tuple[float, float]:
 
 
 def _bf16_steps_ok(got: np.ndarray, ref: np.ndarray) -> bool:
-    """True when every element is within one bfloat16 rounding step (8 significant bits) of the reference."""
+    """True when every element is within one bfloat16 rounding step (8 significant bits) of the reference,
+    or within the fp32 tolerance every other output gets (FP32_TOL of the largest value)."""
     step = np.exp2(np.floor(np.log2(np.maximum(np.maximum(np.abs(ref), np.abs(got)), 1e-30))) - 7)
-    # Near zero a bf16 step is smaller than fp32 noise; 1e-5 of the largest value bounds that noise.
-    return bool(np.all(np.abs(got - ref) <= step * 1.0001 + 1e-5 * float(np.abs(ref).max(initial=0.0))))
+    # Near zero a bf16 step is smaller than fp32 noise, which the fp32 bound covers. (It was 1e-5 of the
+    # largest value, stricter than any fp32 output's bound: at mid size the memory encoder's via_image
+    # path put 2 of 82,944 small elements 2.3e-5 of the largest value apart before rounding.)
+    noise = FP32_TOL * float(np.abs(ref).max(initial=0.0))
+    return bool(np.all(np.abs(got - ref) <= step * 1.0001 + noise))
 
 
 class CheckError(Exception):

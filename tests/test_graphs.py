@@ -262,3 +262,25 @@ def test_attention_is_fused_by_default_and_plain_on_request(tiny_bundle, tiny_pl
     with pytest.raises(export.ExportError, match="--attention 'flash'"):
         export.export_bundle(None, Path(tiny_bundle).parent / "never", tiny_seed=0, attention="flash",
                              log=lambda *_: None)
+
+
+def test_the_bf16_criterion_allows_one_rounding_step_or_fp32_noise_and_nothing_more():
+    """graphs.check's rule for bf16-rounded outputs (maskmem_features): within one bf16 step of the
+    reference, or within the fp32 bound (1e-4 of the largest value) where a step is smaller than that."""
+    import numpy as np
+
+    from graphs.check import FP32_TOL, _bf16_steps_ok
+
+    ref = np.array([8.0, 1.0, 0.01, -0.0035], np.float32)
+    assert _bf16_steps_ok(ref.copy(), ref)
+    one_step = ref.copy()
+    one_step[0] += 2.0 ** -4  # the bf16 step at 8 is 2**(3-7)
+    assert _bf16_steps_ok(one_step, ref)
+    two_steps = ref.copy()
+    two_steps[0] += 2.0 ** -3
+    assert not _bf16_steps_ok(two_steps, ref)
+    noise = ref.copy()
+    noise[3] += 0.9 * FP32_TOL * 8.0  # fp32 noise near zero, many bf16 steps there
+    assert _bf16_steps_ok(noise, ref)
+    noise[3] += 0.2 * FP32_TOL * 8.0
+    assert not _bf16_steps_ok(noise, ref)
