@@ -177,3 +177,33 @@ def test_a_scenario_rerun_in_a_fresh_process_is_byte_identical(sam31_reference, 
         again = json.loads((tmp_path / f"{name}.json").read_text())["digest"]
         assert again == cached, name
         assert ref.scenario_digest(Path(tmp_path), name) == cached
+
+
+# ------------------------------------------------------------------------------------------ module dumps
+def test_module_dumps_agree_with_the_checkpoint_in_this_env(sam31_reference):
+    """Two dumped modules recomputed here (torch 2.13) from the checkpoint's weights, found through the
+    module path the dump's index names: the dumps are what those weights compute."""
+    import torch
+    import torch.nn.functional as F
+
+    folder = sam31_reference.modules()
+    index = json.loads((folder / "index.json").read_text())["cases"]
+    sd = torch.load(sam31_reference.checkpoint, map_location="cpu", weights_only=True)
+
+    case = index["obj_ptr_proj_N16"]
+    w = {k[len(case["module"]) + 1:]: v for k, v in sd.items() if k.startswith(case["module"] + ".")}
+    with np.load(folder / "obj_ptr_proj_N16.npz") as z:
+        x, want = torch.from_numpy(z["in/x"]), z["out"]
+    for i in range(3):
+        x = F.linear(x, w[f"layers.{i}.weight"], w[f"layers.{i}.bias"])
+        x = F.relu(x) if i < 2 else x
+    np.testing.assert_allclose(x.numpy(), want, rtol=1e-5, atol=1e-5)
+
+    case = index["neck_propagation_convs_2_T1"]
+    w = {k[len(case["module"]) + 1:]: v for k, v in sd.items() if k.startswith(case["module"] + ".")}
+    with np.load(folder / "neck_propagation_convs_2_T1.npz") as z:
+        x, want = torch.from_numpy(z["in/trunk_features"]), z["out"]
+    y = F.conv2d(x, w["conv_1x1.weight"], w["conv_1x1.bias"])
+    y = F.conv2d(y, w["conv_3x3.weight"], w["conv_3x3.bias"], padding=1)
+    assert want.shape == (1, 256, 32, 32)
+    np.testing.assert_allclose(y.numpy(), want, rtol=1e-4, atol=1e-4)
