@@ -79,7 +79,7 @@ def find_env() -> Path | None:
 
 def missing_reason() -> str:
     return (f"the SAM 3.1 reference environment is not built at {expected_env_dir()}; build it with "
-            f"`{BUILD_COMMAND}` (about 3.5 GB, several minutes; needs python3.11 and Meta's tarball from "
+            f"`{BUILD_COMMAND}` (5.7 GB, about 70 s here; needs python3.11 and Meta's tarball from "
             f"shared/reference/sam3.1/)")
 
 
