@@ -25,3 +25,27 @@ def tiny_plain_bundle(tmp_path_factory) -> Path:
 
     out = tmp_path_factory.mktemp("bundles") / "tiny-plain"
     return export_bundle(None, out, tiny_seed=0, log=lambda *_: None, attention="plain")
+
+
+def sam31_reference_or_skip():
+    """The SAM 3.1 reference (graphs.sam31_reference.Reference), or a skip saying how to build it.
+
+    With SAM3TRACK_REQUIRE_SAM31_REFERENCE=1 (CI) a missing reference environment fails instead."""
+    import os
+
+    from graphs import sam31_reference as ref
+
+    env = ref.find_env()
+    if env is None:
+        if os.environ.get(ref.REQUIRE_VAR) == "1":
+            pytest.fail(f"{ref.missing_reason()} ({ref.REQUIRE_VAR}=1)", pytrace=False)
+        pytest.skip(ref.missing_reason())
+    return ref.reference(env)
+
+
+@pytest.fixture(scope="session")
+def sam31_reference():
+    """Meta's SAM 3.1 predictor run in its own env: ``.checkpoint`` (the seeded tiny checkpoint in
+    Meta's format), ``.scenarios`` (the outputs folder of reference/sam31/run_scenarios.py), made and
+    cached on first use. Skips when the env is absent (fails under SAM3TRACK_REQUIRE_SAM31_REFERENCE=1)."""
+    return sam31_reference_or_skip()
