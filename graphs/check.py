@@ -533,7 +533,12 @@ def main(argv=None) -> int:
               file=sys.stderr)
         return 2
     try:
-        rows = run_checks(args.bundle, args.checkpoint, args.graphs)
+        family = json.loads((args.bundle / "manifest.json").read_text()).get("family", "sam3")
+        if family == "sam3.1":  # Meta's SAM 3.1: its graphs and references are another package's
+            from .sam31.check import run_checks as run_family_checks
+        else:
+            run_family_checks = run_checks
+        rows = run_family_checks(args.bundle, args.checkpoint, args.graphs)
     except CheckError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

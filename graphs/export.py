@@ -4,6 +4,8 @@
     python -m graphs.export --tiny [--seed N] --out BUNDLE       # = --preset tiny
     python -m graphs.export --preset mid --out BUNDLE             # the benchmarks' model (real widths)
     python -m graphs.export --demo --out sam3track/demo_bundle --overwrite   # the shipped demo bundle
+    python -m graphs.export --family sam3.1 --checkpoint sam3.1_multiplex.pt --out BUNDLE   # Meta's SAM 3.1
+    python -m graphs.export --family sam3.1 --tiny --out BUNDLE   # the SAM 3.1 reference harness's seeded model
 
 The bundle is built in a temporary sibling directory and renamed into place only when complete, so an
 interrupted or failed export never leaves something that looks like a bundle.
@@ -42,17 +44,26 @@ class ExportError(Exception):
 
 
 def _export_graph(model, name: str, dims, out_dir: Path, precision: str = "fp32", attention: str = "fused") -> dict:
+    from . import specs
+
+    spec = specs.graph_specs(dims)[name]
+    return export_module(spec.module(model), spec, specs.sample_inputs(spec, dims, TRACE_SIZES), out_dir,
+                         precision=precision, attention=attention)
+
+
+def export_module(module, spec, inputs: dict, out_dir: Path, precision: str = "fp32", attention: str = "fused") -> dict:
+    """Export ``module`` (a graph wrapper) traced on ``inputs`` as ``spec`` describes it to
+    ``out_dir/<spec.name>.onnx``; returns the graph's manifest entry. Shared by every model family."""
     import onnx
     import torch
 
-    from . import bf16_rounding, specs
+    from . import bf16_rounding
     from .modules import transformers_attention
 
-    spec = specs.graph_specs(dims)[name]
-    module = spec.module(model).eval()
+    name = spec.name
+    module = module.eval()
     if hasattr(module, "attention_mode"):
         module.attention_mode = attention
-    inputs = specs.sample_inputs(spec, dims, TRACE_SIZES)
     args = tuple(inputs[t.name] for t in spec.inputs)
     path = out_dir / f"{name}.onnx"
     layers = attention
@@ -291,6 +302,9 @@ def export_bundle(checkpoint: Path, out: Path, fp16: tuple[str, ...] = (), overw
     if both:
         raise ExportError(f"{', '.join(both)}: named in both --fp16 and --int8; a graph has one precision")
     if checkpoint is not None:
+        from .sam31.checkpoint import check_family
+
+        check_family(checkpoint, "sam3")  # a SAM 3.1 file: say which flag exports it
         validate_checkpoint(checkpoint)  # fail fast, before creating anything
     if tiny_seed is not None:
         from .tiny import PRESETS
@@ -380,7 +394,16 @@ def main(argv: list[str] | None = None) -> int:
                              "[objects, HW, memories*HW] score tensor) or plain standard ops (for om.convert: ATC "
                              "rejects custom-domain ops)")
     parser.add_argument("--overwrite", action="store_true", help="replace an existing bundle at --out")
+    parser.add_argument("--family", choices=("sam3", "sam3.1"), default="sam3",
+                        help="model family: sam3 (default; a Hugging Face facebook/sam3 snapshot) or sam3.1 (Meta's "
+                             "sam3.1_multiplex.pt, or with --tiny the SAM 3.1 reference harness's seeded model)")
+    parser.add_argument("--bpe", type=Path, help="--family sam3.1: Meta's tokenizer vocab "
+                        "(bpe_simple_vocab_16e6.txt.gz) when it is not beside the checkpoint")
     args = parser.parse_args(argv)
+    if args.family == "sam3.1":
+        return _main_sam31(parser, args)
+    if args.bpe is not None:
+        parser.error("--bpe is for --family sam3.1 (SAM 3 snapshots carry their tokenizer)")
     fp16 = tuple(g for g in GRAPHS if g != "text_encoder") if "all" in args.fp16 else tuple(args.fp16)
     if "all" in args.fp16 and "text_encoder" in args.fp16:
         fp16 += ("text_encoder",)
@@ -391,6 +414,25 @@ def main(argv: list[str] | None = None) -> int:
                       tiny_preset=preset or "tiny", keep_source=preset != "demo", attention=args.attention,
                       int8=tuple(args.int8))
     except (CheckpointError, ExportError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def _main_sam31(parser, args) -> int:
+    from .sam31 import export as sam31_export
+
+    if args.demo or args.preset not in (None, "tiny"):
+        parser.error("--family sam3.1 exports --checkpoint FILE or --tiny (no --demo or --preset models)")
+    if args.seed != 0:
+        parser.error("--family sam3.1 --tiny is the reference harness's checkpoint, seeded 0 (no --seed)")
+    fp16 = tuple(g for g in sam31_export.detector.GRAPHS if g != "text_encoder") if "all" in args.fp16 \
+        else tuple(args.fp16)
+    try:
+        sam31_export.export_bundle(args.checkpoint, args.out, overwrite=args.overwrite,
+                                   tiny=bool(args.tiny or args.preset), attention=args.attention, bpe=args.bpe,
+                                   fp16=fp16, int8=tuple(args.int8))
+    except (CheckpointError, ExportError, sam31_export.ExportError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     return 0

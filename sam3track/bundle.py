@@ -18,6 +18,9 @@ from .errors import BundleError
 # 2: graph inputs are int32 / float32 (no int64 or bool); 3: interactive_decoder, memory_encoder's
 # via_image, the tracker's multimask settings (older bundles lack them: export again)
 SUPPORTED_FORMAT = 3
+# manifest "family": absent or "sam3" for the SAM 3 bundles the runtime runs; "sam3.1" is exported
+# (graphs/sam31/) but has no runtime yet
+SAM3, SAM31 = "sam3", "sam3.1"
 OM_MANIFEST = "om_manifest.json"  # written by `python -m om.convert` next to manifest.json
 SUPPORTED_OM_FORMAT = 1
 REQUIRED_GRAPHS = ("text_encoder", "backbone", "grounding_head", "propagation_decoder", "interactive_decoder",
@@ -72,6 +75,12 @@ class Bundle:
             raise BundleError(f"{path} is not valid JSON ({exc}); export the bundle again") from exc
         if not isinstance(manifest, dict):
             raise BundleError(f"{path} holds no JSON object; export the bundle again")
+        family = manifest.get("family", SAM3)
+        if family != SAM3:
+            if family == SAM31:
+                raise BundleError(f"{root} is a SAM 3.1 bundle; SAM 3.1 bundles are not runnable yet (this sam3track "
+                                  "runs SAM 3 bundles: python -m graphs.export --checkpoint SNAPSHOT)")
+            raise BundleError(f"{path} names model family {family!r}; this sam3track runs {SAM3!r} bundles")
         version = manifest.get("format_version")
         if not isinstance(version, int) or isinstance(version, bool):
             raise BundleError(f"{path} has format_version {version!r}, not a whole number; this sam3track reads "
