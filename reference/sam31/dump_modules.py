@@ -323,7 +323,228 @@ def run(pred, out: Path, seed: int) -> Dumper:
     D.case("propagation_dense_pe", "tracker.model (get_propagation_dense_pe)",
            "get_propagation_dense_pe() = image_pe_layer((F,F)).unsqueeze(0)", {},
            lambda: trk.get_propagation_dense_pe())
+
+    tracker_steps(D, trk, vb, F, g)
     return D
+
+
+# ------------------------------------------------------------------------------------ tracker steps
+# Whole tracker steps as the predictor runs them, through Meta's own composite methods: what one exported
+# tracker graph must reproduce end to end (memory selection and temporal encodings, mux / demux, the
+# multimask choice, the pointer rules, the bf16 storage), on seeded inputs built here. Frames are stored
+# the way _run_single_frame_inference / _run_memory_encoder store them.
+REMOVED, PADDING = -1116, -1  # multiplex_utils._REMOVED_NUM / _PADDING_NUM
+
+
+def _assignments(buckets: list[list[int]]) -> list[list[int]]:
+    """Buckets given as lists of 'o' (object), 'x' (removed hole) codes -> Meta's assignment table:
+    objects numbered densely in bucket/slot order, -1116 for holes, -1 padding to 16 slots."""
+    out, k = [], 0
+    for b in buckets:
+        row = []
+        for code in b:
+            if code == "o":
+                row.append(k)
+                k += 1
+            else:
+                row.append(REMOVED)
+        out.append(row + [PADDING] * (16 - len(row)))
+    return out
+
+
+def _state(assignments):
+    from sam3.model.multiplex_utils import MultiplexState
+
+    return MultiplexState([list(map(int, r)) for r in assignments], torch.device("cpu"), torch.float32,
+                          allowed_bucket_capacity=16)
+
+
+def tracker_steps(D: Dumper, trk, vb, F: int, g: torch.Generator) -> None:
+    HW = F * F
+    C = 256
+
+    def randn(*shape, scale=1.0):
+        return torch.randn(*shape, generator=g) * scale
+
+    with torch.inference_mode():
+        # the stored image_pos_enc of every frame and the current frame's: the propagation neck's sine
+        # encoding of level 2, [HW, 1, C] (it depends on the shape only)
+        sine = vb.position_encoding(torch.zeros(1, C, F, F)).flatten(2).permute(2, 0, 1)
+
+    # --- propagation: _prepare_memory_conditioned_features + _forward_sam_heads (propagation path)
+    def propagation(assignments, frames, is_cond, maskmem_features, image_features, obj_ptr,
+                    current_features, high_res_s0, high_res_s1, frame_idx, num_frames, reverse,
+                    obj_score_bias_shift=0.0):
+        # the seeded weights score every slot at +0.11..+0.17; a case with the object-score head's output
+        # bias shifted (restored after the call) has absent slots too (no_obj_ptr_linear, NO_OBJ_SCORE masks)
+        head_bias = trk.sam_mask_decoder.pred_obj_score_head.layers[-1].bias
+        saved = head_bias.detach().clone()
+        head_bias.data += obj_score_bias_shift
+        try:
+            return _propagation(assignments, frames, is_cond, maskmem_features, image_features, obj_ptr,
+                                current_features, high_res_s0, high_res_s1, frame_idx, num_frames, reverse)
+        finally:
+            head_bias.data.copy_(saved)
+
+    def _propagation(assignments, frames, is_cond, maskmem_features, image_features, obj_ptr,
+                     current_features, high_res_s0, high_res_s1, frame_idx, num_frames, reverse):
+        ms = _state(assignments.tolist())
+        B = ms.num_buckets
+        output_dict = {"cond_frame_outputs": {}, "non_cond_frame_outputs": {}}
+        for i, (f, c) in enumerate(zip(frames.tolist(), is_cond.tolist())):
+            output_dict["cond_frame_outputs" if c else "non_cond_frame_outputs"][f] = {
+                "maskmem_features": maskmem_features[i],
+                "maskmem_pos_enc": [torch.zeros(B, C, F, F)],  # unused by the decoupled attention
+                "image_features": image_features[i], "image_pos_enc": sine, "obj_ptr": obj_ptr[i]}
+        pix = trk._prepare_memory_conditioned_features(
+            frame_idx=frame_idx, is_init_cond_frame=False, current_vision_feats=[current_features],
+            current_vision_masks=[None], current_vision_pos_embeds=[sine], feat_sizes=[(F, F)],
+            output_dict=output_dict, num_frames=num_frames, track_in_reverse=reverse, multiplex_state=ms)
+        multimask = trk._use_multimask(False, None)
+        out = trk._forward_sam_heads(backbone_features=pix, propagation_high_res_features=[high_res_s0, high_res_s1],
+                                     multimask_output=multimask, objects_to_interact=list(range(ms.total_valid_entries)),
+                                     multiplex_state=ms)
+        return {"pix_feat_with_mem": pix, "multimask_output": multimask,
+                "low_res_multimasks": out["low_res_multimasks"], "low_res_masks": out["low_res_masks"],
+                "ious": out["ious"], "object_score_logits": out["object_score_logits"], "obj_ptr": out["obj_ptr"],
+                "obj_ptr_stored": ms.mux(out["obj_ptr"]), "valid_object_mask": ms.get_valid_object_mask()}
+
+    prop_cases = {
+        # the first propagated frame after a birth: one memory (the conditioning frame), one pointer frame
+        "B1_first": dict(buckets=[["o"] * 10], frame_idx=1, num_frames=8, reverse=False, cond=[0], non_cond=[]),
+        # five conditioning frames (4 selected; 4 unselected and 6 frames back, so it counts as a non-cond
+        # memory and pointer), future ones (tpos slot 6), a missing non-cond frame (7), a far pointer frame (1)
+        "B2_hole": dict(buckets=[["o", "o", "o", "x"] + ["o"] * 12, ["o"] * 5], frame_idx=10, num_frames=30,
+                        reverse=False, cond=[4, 7, 9, 11, 12], non_cond=[3, 5, 6, 8, 1]),
+        # reverse tracking: memories and pointers from later frames, the pointer window ends at the clip end
+        "B3_reverse": dict(buckets=[["o"] * 16, ["o"] * 6 + ["x", "x"] + ["o"] * 8, ["o"] * 5], frame_idx=5,
+                           num_frames=12, reverse=True, cond=[8, 11], non_cond=[6, 7, 9]),
+        # B2_hole's layout with the object-score bias shifted by -0.135: about half the slots absent
+        "B2_absent": dict(buckets=[["o", "o", "o", "x"] + ["o"] * 12, ["o"] * 5], frame_idx=10, num_frames=30,
+                          reverse=False, cond=[4, 7, 9, 11, 12], non_cond=[3, 5, 6, 8, 1], shift=-0.135),
+    }
+    for cname, c in prop_cases.items():
+        assignments = torch.tensor(_assignments(c["buckets"]))
+        B = assignments.shape[0]
+        valid = (assignments >= 0).float()[:, :, None]
+        frames = c["cond"] + c["non_cond"]
+        n = len(frames)
+        D.case(f"propagation_step_{cname}", "tracker.model (_prepare_memory_conditioned_features + _forward_sam_heads)",
+               "pix = _prepare_memory_conditioned_features(frame_idx, is_init_cond_frame=False, "
+               "current_vision_feats=[current_features], current_vision_pos_embeds=[sine level 2], output_dict "
+               "built from frames/is_cond/maskmem_features/image_features/obj_ptr (image_pos_enc = the sine "
+               "encoding), num_frames, track_in_reverse=reverse, MultiplexState(assignments)); "
+               "_forward_sam_heads(pix, propagation_high_res_features=[s0, s1], multimask_output="
+               "_use_multimask(False, None))",
+               {"assignments": assignments, "frames": torch.tensor(frames),
+                "is_cond": torch.tensor([True] * len(c["cond"]) + [False] * len(c["non_cond"])),
+                # stored as Meta stores them: memories bf16 (the shim rounds), pointers muxed (0 in empty slots)
+                "maskmem_features": randn(n, B, C, F, F).to(torch.bfloat16),
+                "image_features": randn(n, HW, 1, C), "obj_ptr": randn(n, B, 16, C) * valid[None],
+                "current_features": randn(HW, 1, C), "high_res_s0": randn(1, 32, 4 * F, 4 * F),
+                "high_res_s1": randn(1, 64, 2 * F, 2 * F), "frame_idx": c["frame_idx"],
+                "num_frames": c["num_frames"], "reverse": c["reverse"],
+                "obj_score_bias_shift": c.get("shift", 0.0)},
+               propagation,
+               note="objects are numbered in bucket/slot order; outputs per object (demuxed) except "
+                    "pix_feat_with_mem [B,256,F,F], obj_ptr_stored (mux) and valid_object_mask [B,16]")
+
+    # --- memory encoder: _encode_new_memory, stored bf16 as _run_memory_encoder stores it
+    def memory(assignments, pix_feat, pred_masks_high_res, object_score_logits, conditioning_objects):
+        ms = _state(assignments.tolist())
+        feats, _ = trk._encode_new_memory(
+            image=None, current_vision_feats=[pix_feat], feat_sizes=[(F, F)], pred_masks_high_res=pred_masks_high_res,
+            object_score_logits=object_score_logits, is_mask_from_pts=False,
+            conditioning_objects=set(conditioning_objects.tolist()), multiplex_state=ms)
+        return {"maskmem_features_fp32": feats.clone(), "maskmem_features": feats.to(torch.bfloat16)}
+
+    mem_cases = {
+        # births / clicks: 14F masks (the downsampler resizes them to 16F), two conditioning objects, one absent
+        "H14F_B1": (14 * F, [["o"] * 10], [0, 3]),
+        # a propagated frame: 16F masks, no conditioning object, a hole
+        "H16F_B2": (16 * F, [["o"] * 6 + ["x"] + ["o"] * 9, ["o"] * 4], []),
+        # holes left by removals in every bucket, one conditioning object in the last
+        "H16F_B3": (16 * F, [["o", "x"] * 3, ["x", "o", "o"], ["o"] * 3], [7]),
+    }
+    for cname, (H, buckets, cond) in mem_cases.items():
+        assignments = torch.tensor(_assignments(buckets))
+        N = int((assignments >= 0).sum())
+        low = randn(N, 1, 4 * F, 4 * F, scale=4)
+        masks = torch.nn.functional.interpolate(low, size=(H, H), mode="bilinear", align_corners=False)
+        scores = torch.where(torch.arange(N) % 3 == 1, -10.0, 10.0)[:, None]
+        masks[1::3] = torch.clamp(masks[1::3], max=-10.0)  # suppressed objects, as the area-shrinkage rule leaves them
+        masks[-1] = -1024.0  # an absent object: NO_OBJ_SCORE masks
+        scores[-1] = -10.0
+        D.case(f"memory_encoder_step_{cname}", "tracker.model (_encode_new_memory)",
+               "_encode_new_memory(image=None, current_vision_feats=[pix_feat], pred_masks_high_res (logits), "
+               "object_score_logits, is_mask_from_pts=False, conditioning_objects, MultiplexState(assignments)); "
+               "maskmem_features = .to(bfloat16) as _run_memory_encoder stores it",
+               {"assignments": assignments, "pix_feat": randn(HW, 1, C), "pred_masks_high_res": masks,
+                "object_score_logits": scores, "conditioning_objects": torch.tensor(cond, dtype=torch.long)},
+               memory)
+
+    # --- births: detector logits (4F) -> bilinear 16F > 0 -> _use_mask_as_output on the interactive head
+    def birth(interactive_feat, high_res_s0, high_res_s1, mask_logits):
+        n = mask_logits.shape[0]
+        # sam3_multiplex_base._tracker_add_new_objects / _recondition_masklets
+        size = trk.input_mask_size
+        mask_inputs = (torch.nn.functional.interpolate(mask_logits, size=(size, size), mode="bilinear",
+                                                       align_corners=False) > 0).float()
+        pix = trk._get_interactive_pix_mem([interactive_feat.flatten(2).permute(2, 0, 1)], [(F, F)])
+        ms = trk.multiplex_controller.get_state(num_valid_entries=n, device=torch.device("cpu"),
+                                                dtype=torch.float32, random=False)
+        out = trk._use_mask_as_output(backbone_features=pix, high_res_features=[high_res_s0, high_res_s1],
+                                      mask_inputs=mask_inputs, multiplex_state=ms, objects_in_mask=list(range(n)))
+        return {"mask_inputs": mask_inputs, "low_res_masks": out["low_res_masks"],
+                "object_score_logits": out["object_score_logits"], "obj_ptr": out["obj_ptr"]}
+
+    for n in (1, 4):
+        blobs = torch.nn.functional.avg_pool2d(randn(n, 1, 4 * F, 4 * F), 5, stride=1, padding=2) > 0.15
+        logits = torch.where(blobs, 6.0, -7.0)  # two-valued: the 16F upsampling never lands on 0
+        if n > 1:
+            logits[-1] = -7.0  # an empty detection: the object starts absent
+        D.case(f"mask_init_step_n{n}", "tracker.model (_use_mask_as_output)",
+               "mask_inputs = interpolate(mask_logits, 16F, bilinear) > 0 (the births' and reconditioning's "
+               "preprocessing); _use_mask_as_output(_get_interactive_pix_mem(interactive_feat), [s0, s1], "
+               "mask_inputs, get_state(n))",
+               {"interactive_feat": randn(1, C, F, F), "high_res_s0": randn(1, 32, 4 * F, 4 * F),
+                "high_res_s1": randn(1, 64, 2 * F, 2 * F), "mask_logits": logits}, birth)
+
+    # --- clicks: the memory-free interactive head, _forward_sam_heads with point (and mask) inputs
+    def clicks(interactive_feat, high_res_s0, high_res_s1, point_coords, point_labels, mask_inputs,
+               is_init_cond_frame):
+        n = point_coords.shape[0]
+        pix = trk._get_interactive_pix_mem([interactive_feat.flatten(2).permute(2, 0, 1)], [(F, F)])
+        ms = trk.multiplex_controller.get_state(num_valid_entries=n, device=torch.device("cpu"),
+                                                dtype=torch.float32, random=False)
+        point_inputs = {"point_coords": point_coords, "point_labels": point_labels}
+        multimask = trk._use_multimask(is_init_cond_frame, point_inputs)
+        out = trk._forward_sam_heads(backbone_features=pix, point_inputs=point_inputs, mask_inputs=mask_inputs,
+                                     interactive_high_res_features=[high_res_s0, high_res_s1],
+                                     multimask_output=multimask, objects_to_interact=list(range(n)),
+                                     multiplex_state=ms)
+        return {"multimask_output": multimask, "low_res_multimasks": out["low_res_multimasks"],
+                "low_res_masks": out["low_res_masks"], "ious": out["ious"],
+                "object_score_logits": out["object_score_logits"], "obj_ptr": out["obj_ptr"]}
+
+    S = trk.image_size
+    box = torch.sort(torch.rand(3, 2, 2, generator=g) * S, dim=1).values  # x0<=x1, y0<=y1 corners
+    click_cases = {
+        "n1_click": (torch.rand(1, 1, 2, generator=g) * S, torch.tensor([[1]], dtype=torch.int32), None),
+        "n3_box_clicks": (torch.cat([box, torch.rand(3, 2, 2, generator=g) * S], 1),
+                          torch.tensor([[2, 3, 1, 0]] * 3, dtype=torch.int32), None),
+        # a refinement: the previous low-res logits (clamped to +-32, as add_new_points does) as mask prompt
+        "n2_clicks_mask": (torch.rand(2, 2, 2, generator=g) * S, torch.tensor([[1, 0], [1, 1]], dtype=torch.int32),
+                           torch.clamp(randn(2, 1, 4 * F, 4 * F, scale=20), -32.0, 32.0)),
+    }
+    for cname, (pts, lab, mask) in click_cases.items():
+        D.case(f"interactive_step_{cname}", "tracker.model (_forward_sam_heads, interactive path)",
+               "_forward_sam_heads(_get_interactive_pix_mem(interactive_feat), point_inputs, mask_inputs, "
+               "interactive_high_res_features=[s0, s1], multimask_output=_use_multimask(is_init_cond_frame, "
+               "point_inputs), get_state(n))",
+               {"interactive_feat": randn(1, C, F, F), "high_res_s0": randn(1, 32, 4 * F, 4 * F),
+                "high_res_s1": randn(1, 64, 2 * F, 2 * F), "point_coords": pts, "point_labels": lab,
+                "mask_inputs": mask, "is_init_cond_frame": True}, clicks)
 
 
 class _FindInput:

@@ -1,0 +1,588 @@
+"""Export the SAM 3.1 tracker graphs and check them in ONNX Runtime against Meta's recorded modules.
+
+    export_tracker_graphs(state_dict, out_dir, attention="fused" | "plain") -> manifest graph entries
+    check_<graph>(bundle_or_onnx_dir, dumps) -> [graphs.check.Row]     (the graph registry calls these)
+
+``dumps`` is the folder of reference/sam31/dump_modules.py (``graphs.sam31_reference.Reference.modules()``).
+Its ``*_step_*`` cases are Meta's own composite tracker steps on seeded inputs; each is fed to the graph
+through a documented transformation (``*_feeds``): the dumped memories, image features and pointers go
+into pool rows (shuffled, with junk rows between) and the graph gets the indices that Meta's selection
+rules give (``meta_memory_selection``, a re-derivation of _prepare_memory_conditioned_features that is also
+the runtime's contract); objects go to their (bucket, slot) by Meta's assignment table, and empty slots
+get junk that the graph must ignore. Criteria as graphs/check.py: relative error <= 1e-4 of the output's
+largest magnitude (the -1024 no-object fill left out of the scale); bf16-stored memories within one bf16
+step or that bound. Beyond the dumps: batched calls against one bucket / object at a time at sizes the
+dumps lack (5 buckets, mixed counts, holes), and padding invariance (extra padded memory / pointer entries,
+junk in empty slots, change nothing).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import warnings
+from pathlib import Path
+
+import numpy as np
+
+from ..check import BF16_CRITERION, FP32_TOL, Row, _bf16_steps_ok, _rel
+from . import tracker_specs
+
+NO_OBJ = -1024.0
+MAX_COND_FRAMES = 4  # Meta's max_cond_frames_in_attn
+PAD_TEST_EXTRA = (3, 2)  # extra padded memory and pointer entries in the padding-invariance cases
+
+
+# ------------------------------------------------------------------------------------------ export
+def export_tracker_graphs(state_dict: dict, out_dir, attention: str = "fused", image_size: int | None = None,
+                          graphs=tracker_specs.GRAPHS, log=None) -> dict[str, dict]:
+    """Write ``<graph>.onnx`` for each tracker graph into out_dir; return {name: manifest entry} in the
+    SAM 3 manifest's graph-entry format (file, sha256, bytes, precision, attention, bf16_rounding, inputs,
+    outputs). image_size (14F) defaults to the one the detector ViT's RoPE tables imply."""
+    import torch
+
+    from . import tracker
+
+    grid = image_size // tracker.BACKBONE_STRIDE if image_size else tracker.grid_from_state_dict(state_dict)
+    if grid is None:
+        raise tracker.MappingError("the state dict has no detector ViT RoPE tables to size the grid from; "
+                                   "pass image_size")
+    trk = tracker.Sam31Tracker.from_state_dict(state_dict, grid)
+    dims = tracker_specs.TrackerDims.from_tracker(trk)
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    entries = {}
+    with torch.no_grad():
+        for name in graphs:
+            t = time.perf_counter()
+            entries[name] = export_graph(trk, dims, name, out_dir, attention)
+            if log:
+                log(f"{name}: {time.perf_counter() - t:.1f} s, {entries[name]['bytes'] / 1e6:.1f} MB")
+    return entries
+
+
+def export_graph(trk, dims, name: str, out_dir: Path, attention: str) -> dict:
+    import onnx
+    import torch
+
+    from sam3track.bundle import file_sha256
+
+    from .. import bf16_rounding
+    from ..export import OPSET, _deduplicate_constants
+    from ..modules import ATTENTION_MODES, transformers_attention
+
+    if attention not in ATTENTION_MODES:
+        raise ValueError(f"attention must be one of {ATTENTION_MODES}, got {attention!r}")
+    spec = tracker_specs.graph_specs(dims)[name]
+    module = spec.module(trk).eval()
+    module.attention_mode = attention
+    inputs = tracker_specs.sample_inputs(spec, dims, tracker_specs.trace_sizes(dims))
+    path = out_dir / f"{name}.onnx"
+    try:
+        with warnings.catch_warnings(), transformers_attention(module, attention):
+            warnings.simplefilter("ignore")  # tracer warnings about Python control flow on fixed sizes
+            torch.onnx.export(module, tuple(inputs[t.name] for t in spec.inputs), str(path),
+                              input_names=[t.name for t in spec.inputs], output_names=[t.name for t in spec.outputs],
+                              dynamic_axes=spec.dynamic_axes, opset_version=OPSET, dynamo=False,
+                              do_constant_folding=True,
+                              custom_opsets={"com.microsoft": 1} if attention == "fused" else None)
+    finally:
+        module.attention_mode = "plain"
+    proto = onnx.load(str(path))
+    _deduplicate_constants(proto)
+    rounding = bf16_rounding.name_nodes(proto, name)
+    onnx.save_model(proto, str(path))
+    bound = {i.name for i in proto.graph.input}
+    missing = [t.name for t in spec.inputs if t.name not in bound]
+    if missing:
+        raise RuntimeError(f"graph {name}: inputs {missing} were pruned by the exporter; they are unused")
+
+    def tensors(items):
+        return [{"name": t.name, "dtype": t.dtype, "shape": list(t.shape)} for t in items]
+
+    return {
+        "file": path.name, "data_files": [], "sha256": {path.name: file_sha256(path)},
+        "bytes": path.stat().st_size, "precision": "fp32",
+        "attention": "fused" if any(n.domain == "com.microsoft" for n in proto.graph.node) else "plain",
+        "bf16_rounding": rounding, "inputs": tensors(spec.inputs), "outputs": tensors(spec.outputs),
+    }
+
+
+# ------------------------------------------------------------------------------------------ running
+class GraphRunner:
+    """ONNX Runtime session of one graph of a bundle (manifest.json) or of a folder of <graph>.onnx."""
+
+    def __init__(self, bundle_or_onnx_dir, name: str, patch=None):
+        import onnx
+        import onnxruntime as ort
+
+        folder = Path(bundle_or_onnx_dir)
+        manifest = folder / "manifest.json"
+        if manifest.is_file():
+            file = json.loads(manifest.read_text())["graphs"][name]["file"]
+        else:
+            file = f"{name}.onnx"
+        self.path = folder / file
+        if not self.path.is_file():
+            raise FileNotFoundError(f"{self.path} not found (export the tracker graphs first)")
+        source = str(self.path)
+        if patch is not None:  # a changed copy of the graph, in memory
+            proto = onnx.load(source)
+            patch(proto)
+            source = proto.SerializeToString()
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = 2
+        self.session = ort.InferenceSession(source, options, providers=["CPUExecutionProvider"])
+        self.inputs = {i.name: i for i in self.session.get_inputs()}
+        self.outputs = [o.name for o in self.session.get_outputs()]
+        self.name = name
+
+    def static_shapes(self) -> dict[str, tuple]:
+        return {k: tuple(d if isinstance(d, int) else -1 for d in v.shape) for k, v in self.inputs.items()}
+
+    def __call__(self, feeds: dict) -> dict[str, np.ndarray]:
+        types = {"tensor(float)": np.float32, "tensor(int32)": np.int32}
+        cast = {k: np.ascontiguousarray(v, dtype=types[self.inputs[k].type]) for k, v in feeds.items()}
+        return dict(zip(self.outputs, self.session.run(None, cast)))
+
+
+def _compare(rows, graph, case, names, got: dict, ref: dict, bf16=(), masks=None):
+    """One Row per output name; ``masks``: {name: bool array of the elements to compare} (e.g. real slots)."""
+    for name in names:
+        g, r = np.asarray(got[name], np.float32), np.asarray(ref[name], np.float32)
+        if g.shape != r.shape:
+            rows.append(Row(graph, case, name, float("inf"), float("inf"), 0.0, f"FAIL shape {g.shape} != {r.shape}"))
+            continue
+        if masks and name in masks:
+            g, r = g[masks[name]], r[masks[name]]
+        max_abs, rel = _rel(g, r)
+        if name in bf16:
+            ok = _bf16_steps_ok(g, r)
+            rows.append(Row(graph, case, name, max_abs, rel, None, "" if ok else "beyond one bf16 step",
+                            criterion=BF16_CRITERION, criterion_met=ok))
+        else:
+            rows.append(Row(graph, case, name, max_abs, rel, FP32_TOL))
+
+
+def _dump(dumps, case: str) -> dict:
+    path = Path(dumps) / f"{case}.npz"
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: the module dumps lack case {case!r} (reference/sam31/dump_modules.py "
+                                "of this checkout makes it; python -m graphs.sam31_reference --modules)")
+    index = json.loads((Path(dumps) / "index.json").read_text())["cases"][case]
+    with np.load(path) as z:
+        arrays = {k: z[k] for k in z.files}
+    for k, v in index["values"].items():  # same_as references and plain values
+        arrays[k] = arrays[v["same_as"]] if isinstance(v, dict) and "same_as" in v else v
+    return arrays
+
+
+def _cases(dumps, prefix: str) -> list[str]:
+    index = json.loads((Path(dumps) / "index.json").read_text())["cases"]
+    return sorted(c for c in index if c.startswith(prefix))
+
+
+def _nchw(seq_first: np.ndarray, grid: int) -> np.ndarray:
+    """Meta's (HW, 1, C) features -> the graphs' [1, C, F, F]."""
+    return np.ascontiguousarray(seq_first.transpose(1, 2, 0).reshape(1, -1, grid, grid))
+
+
+def _slots(assignments: np.ndarray) -> list[tuple[int, int]]:
+    """(bucket, slot) of each object index, from Meta's assignment table (objects >= 0)."""
+    where = {}
+    for b, row in enumerate(assignments):
+        for s, o in enumerate(row):
+            if o >= 0:
+                where[int(o)] = (b, s)
+    return [where[o] for o in range(len(where))]
+
+
+# ------------------------------------------------------------------------------- memory selection
+def meta_memory_selection(frame_idx: int, cond_frames, non_cond_frames, num_frames: int, reverse: bool,
+                          num_maskmem: int = 7, max_cond: int = MAX_COND_FRAMES, max_pointers: int = 16):
+    """Which stored frames one propagation step attends to, as Meta's _prepare_memory_conditioned_features
+    picks them (memory_temporal_stride 1, no memory selection, pointers of future conditioning frames
+    included). Returns (memories, pointers, pointer_scale):
+      memories: [(frame, memory_slot)], memory_slot = the maskmem_tpos_enc row (tpos v2): a selected
+        conditioning frame at signed distance t_pos = (frame_idx - frame) * (-1 if reverse else 1) gets
+        row num_maskmem-1-t_pos when 1 <= t_pos < num_maskmem, else row num_maskmem-1; a non-conditioning
+        frame (or an unselected conditioning frame) d = 1..6 frames back in the tracking direction gets row d-1;
+      pointers: [(frame, distance)]: every selected conditioning frame (|frame_idx - frame|) and the
+        frames d = 1 .. min(num_frames, max_pointers)-1 back that have outputs (non-conditioning or
+        unselected conditioning), stopping at the clip's ends;
+      pointer_scale: min(num_frames, max_pointers) - 1; pointer_offset = distance / pointer_scale.
+    The selected conditioning frames: the closest before frame_idx, the closest at or after, then the
+    nearest others (stable order on ties), max_cond in all."""
+    cond = list(cond_frames)
+    non_cond = set(non_cond_frames)
+    if len(cond) <= max_cond:
+        selected = list(cond)
+    else:
+        selected = []
+        before = [t for t in cond if t < frame_idx]
+        after = [t for t in cond if t >= frame_idx]
+        if before:
+            selected.append(max(before))
+        if after:
+            selected.append(min(after))
+        rest = sorted((t for t in cond if t not in selected), key=lambda t: abs(t - frame_idx))
+        selected += rest[:max_cond - len(selected)]
+    unselected = {t for t in cond if t not in selected}
+    sign = -1 if reverse else 1
+    memories = []
+    for t in selected:
+        t_pos = (frame_idx - t) * sign
+        memories.append((t, num_maskmem - 1 - t_pos if 1 <= t_pos < num_maskmem else num_maskmem - 1))
+    for t_pos in range(1, num_maskmem):
+        d = num_maskmem - t_pos
+        t = frame_idx + d if reverse else frame_idx - d
+        if t in non_cond or t in unselected:
+            memories.append((t, d - 1))
+    window = min(num_frames, max_pointers)
+    pointers = [(t, abs(frame_idx - t)) for t in selected]
+    for d in range(1, window):
+        t = frame_idx + d if reverse else frame_idx - d
+        if t < 0 or t >= num_frames:
+            break
+        if t in non_cond or t in unselected:
+            pointers.append((t, d))
+    return memories, pointers, window - 1
+
+
+# ------------------------------------------------------------------------------- propagation
+def propagation_feeds(z: dict, grid: int, seed: int = 0):
+    """A propagation_step dump -> the graph's feeds and the expected outputs per (bucket, slot).
+
+    Pools: memory_pool row per (stored frame, bucket) = maskmem_features[frame][bucket] as [HW, C];
+    image_pool row per frame = image_features[frame][:, 0]; pointer_pool row per (frame, bucket) =
+    obj_ptr[frame][bucket] [16, C]; rows shuffled, with junk rows between. Indices from
+    meta_memory_selection. Expected: Meta's demuxed per-object outputs put back at their slots; the
+    stored (muxed) pointers for object_pointer."""
+    rng = np.random.default_rng(seed)
+    assignments = z["in/assignments"]
+    b, k = assignments.shape
+    frames = [int(f) for f in z["in/frames"]]
+    is_cond = [bool(c) for c in z["in/is_cond"]]
+    mm, img, ptr = z["in/maskmem_features"], z["in/image_features"], z["in/obj_ptr"]
+    c, hw = mm.shape[2], grid * grid
+
+    def pool(items):  # items: list of (key, array); returns pool array and key -> row
+        junk = len(items) // 2 + 1
+        order = rng.permutation(len(items) + junk)
+        rows = np.asarray(rng.standard_normal((len(items) + junk,) + items[0][1].shape), np.float32)
+        where = {}
+        for (key, a), r in zip(items, order):
+            rows[r] = a
+            where[key] = int(r)
+        return rows, where
+
+    memory_pool, mem_row = pool([((f, bk), mm[i, bk].reshape(c, hw).T) for i, f in enumerate(frames) for bk in range(b)])
+    image_pool, img_row = pool([(f, img[i, :, 0]) for i, f in enumerate(frames)])
+    pointer_pool, ptr_row = pool([((f, bk), ptr[i, bk]) for i, f in enumerate(frames) for bk in range(b)])
+    memories, pointers, scale = meta_memory_selection(
+        int(z["in/frame_idx"]), [f for f, cd in zip(frames, is_cond) if cd], [f for f, cd in zip(frames, is_cond) if not cd],
+        int(z["in/num_frames"]), bool(z["in/reverse"]))
+    n, p = len(memories), len(pointers)
+    feeds = dict(
+        tracker_feat_s0=z["in/high_res_s0"], tracker_feat_s1=z["in/high_res_s1"],
+        tracker_feat=_nchw(z["in/current_features"], grid),
+        memory_pool=memory_pool, image_pool=image_pool, pointer_pool=pointer_pool,
+        memory_index=np.array([[mem_row[(f, bk)] for f, _ in memories] for bk in range(b)]),
+        memory_image_index=np.array([[img_row[f] for f, _ in memories]] * b),
+        memory_slot=np.array([[s for _, s in memories]] * b), memory_valid=np.ones((b, n)),
+        pointer_index=np.array([[ptr_row[(f, bk)] for f, _ in pointers] for bk in range(b)]),
+        pointer_offset=np.array([[np.float32(dist) / np.float32(scale) for _, dist in pointers]] * b, np.float32),
+        pointer_valid=np.ones((b, p)), slot_valid=(assignments >= 0).astype(np.float32))
+    l = z["out.low_res_masks"].shape[-1]
+    ref = dict(low_res_masks=np.zeros((b, k, 1, l, l), np.float32), iou_scores=np.zeros((b, k, 3), np.float32),
+               object_score_logits=np.zeros((b, k, 1), np.float32), object_pointer=z["out.obj_ptr_stored"])
+    for o, (bk, s) in enumerate(_slots(assignments)):
+        ref["low_res_masks"][bk, s] = z["out.low_res_masks"][o]
+        ref["iou_scores"][bk, s] = z["out.ious"][o]
+        ref["object_score_logits"][bk, s] = z["out.object_score_logits"][o]
+    valid = assignments >= 0
+    masks = {"low_res_masks": np.broadcast_to(valid[:, :, None, None, None], (b, k, 1, l, l)),
+             "iou_scores": np.broadcast_to(valid[:, :, None], (b, k, 3)),
+             "object_score_logits": valid[:, :, None]}
+    return feeds, ref, masks, (n, p)
+
+
+PROPAGATION_OUTPUTS = ("low_res_masks", "iou_scores", "object_score_logits", "object_pointer")
+
+
+def _shift_obj_score_bias(shift: float):
+    """An ONNX patch adding ``shift`` to the multiplex decoder's object-score output bias (the dump's
+    B2_absent case shifts the same parameter of Meta's model), by the parameter's initializer name."""
+    def patch(proto):
+        from onnx import numpy_helper
+
+        name = "trk.mask_decoder.obj_score_head.proj_out.bias"
+        for init in proto.graph.initializer:
+            if init.name == name:
+                init.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(init) + np.float32(shift), name))
+                return
+        raise KeyError(f"initializer {name} not in the graph: cannot apply the object-score bias shift")
+    return patch
+
+
+def check_propagation_decoder(bundle_or_onnx_dir, dumps) -> list[Row]:
+    rows: list[Row] = []
+    run = GraphRunner(bundle_or_onnx_dir, "propagation_decoder")
+    grid = run.static_shapes()["tracker_feat"][2]
+    for case in _cases(dumps, "propagation_step_"):
+        z = _dump(dumps, case)
+        feeds, ref, masks, (n, p) = propagation_feeds(z, grid)
+        shift = float(z.get("in/obj_score_bias_shift", 0.0))
+        runner = run if shift == 0.0 else GraphRunner(bundle_or_onnx_dir, "propagation_decoder",
+                                                      patch=_shift_obj_score_bias(shift))
+        label = f"{case.removeprefix('propagation_step_')} K={n} P={p}"
+        _compare(rows, "propagation_decoder", label, PROPAGATION_OUTPUTS, runner(feeds), ref, masks=masks)
+        # the same call with padding: 3 more memory entries and 2 more pointer entries per bucket, pointing
+        # at pool rows that hold real data (and junk slots / offsets), all marked invalid
+        _compare(rows, "propagation_decoder", f"{label} +padding", PROPAGATION_OUTPUTS,
+                 runner(pad_propagation(feeds, *PAD_TEST_EXTRA)), ref, masks=masks)
+    rows += check_propagation_batching(run)
+    return rows
+
+
+def pad_propagation(feeds: dict, extra_memories: int, extra_pointers: int, seed: int = 1) -> dict:
+    """The feeds with padded entries appended to every bucket (valid 0, random rows, slots, offsets)."""
+    rng = np.random.default_rng(seed)
+    out = dict(feeds)
+    b = feeds["memory_index"].shape[0]
+    rows_m, rows_i, rows_p = (feeds[k].shape[0] for k in ("memory_pool", "image_pool", "pointer_pool"))
+
+    def cat(name, extra):
+        out[name] = np.concatenate([np.asarray(feeds[name]), extra.astype(np.asarray(feeds[name]).dtype)], axis=1)
+
+    cat("memory_index", rng.integers(0, rows_m, (b, extra_memories)))
+    cat("memory_image_index", rng.integers(0, rows_i, (b, extra_memories)))
+    cat("memory_slot", rng.integers(0, 7, (b, extra_memories)))
+    cat("memory_valid", np.zeros((b, extra_memories)))
+    cat("pointer_index", rng.integers(0, rows_p, (b, extra_pointers)))
+    cat("pointer_offset", rng.random((b, extra_pointers)))
+    cat("pointer_valid", np.zeros((b, extra_pointers)))
+    return out
+
+
+def _bucket(feeds: dict, i: int, trim: bool) -> dict:
+    """Bucket i of a propagation call alone (trim: without its padding entries)."""
+    out = dict(feeds)
+    for k in ("memory_index", "memory_image_index", "memory_slot", "memory_valid", "pointer_index", "pointer_offset",
+              "pointer_valid", "slot_valid"):
+        out[k] = np.asarray(feeds[k])[i:i + 1]
+    if trim:
+        n = int(np.asarray(feeds["memory_valid"])[i].sum())
+        p = int(np.asarray(feeds["pointer_valid"])[i].sum())
+        for k in ("memory_index", "memory_image_index", "memory_slot", "memory_valid"):
+            out[k] = out[k][:, :n]
+        for k in ("pointer_index", "pointer_offset", "pointer_valid"):
+            out[k] = out[k][:, :p]
+    return out
+
+
+def check_propagation_batching(run: GraphRunner, buckets: int = 5, memories: int = 4, pointers: int = 6) -> list[Row]:
+    """5 buckets with mixed memory / pointer counts and holes in one call against each bucket alone with
+    its padding removed (beyond the dumps' sizes; also padding invariance at these sizes)."""
+    import torch
+
+    dims = tracker_specs.TrackerDims.from_inputs(run.static_shapes())
+    spec = tracker_specs.graph_specs(dims)["propagation_decoder"]
+    sizes = dict(buckets=buckets, memories=memories, pointers=pointers, memory_rows=3 * memories,
+                 image_rows=memories + 2, pointer_rows=3 * pointers)
+    with torch.no_grad():
+        feeds = {k: v.numpy() for k, v in tracker_specs.sample_inputs(spec, dims, sizes, seed=5).items()}
+    feeds["tracker_feat_s0"] = feeds["tracker_feat_s0"] * 0.5  # unit-scale neck levels, as conv_s0/s1 give
+    together = run(feeds)
+    rows: list[Row] = []
+    alone = [run(_bucket(feeds, i, trim=True)) for i in range(buckets)]
+    ref = {k: np.concatenate([a[k] for a in alone]) for k in PROPAGATION_OUTPUTS}
+    valid = feeds["slot_valid"] > 0.5
+    masks = {"low_res_masks": np.broadcast_to(valid[:, :, None, None, None], together["low_res_masks"].shape),
+             "iou_scores": np.broadcast_to(valid[:, :, None], together["iou_scores"].shape),
+             "object_score_logits": valid[:, :, None]}
+    counts = ",".join(f"{int(feeds['memory_valid'][i].sum())}/{int(feeds['pointer_valid'][i].sum())}"
+                      for i in range(buckets))
+    _compare(rows, "propagation_decoder", f"B={buckets} vs 1 each (K/P {counts})", PROPAGATION_OUTPUTS, together,
+             ref, masks=masks)
+    return rows
+
+
+# ------------------------------------------------------------------------------------- memory encoder
+def memory_encoder_feeds(z: dict, grid: int, seed: int = 0):
+    """A memory_encoder_step dump -> feeds: each object's mask at its (bucket, slot), its score and
+    conditioning flag there; empty slots (padding, holes) get random junk, which must change nothing."""
+    rng = np.random.default_rng(seed)
+    assignments = z["in/assignments"]
+    b, k = assignments.shape
+    masks = z["in/pred_masks_high_res"]
+    h = masks.shape[-1]
+    feeds = dict(tracker_feat=_nchw(z["in/pix_feat"], grid),
+                 mask_logits=np.asarray(rng.standard_normal((b, k, h, h)) * 8, np.float32),
+                 slot_valid=(assignments >= 0).astype(np.float32),
+                 conditioning=(rng.random((b, k)) > 0.5).astype(np.float32),
+                 object_score_logits=np.asarray(rng.standard_normal((b, k)) * 5, np.float32))
+    cond = set(int(o) for o in z["in/conditioning_objects"])
+    for o, (bk, s) in enumerate(_slots(assignments)):
+        feeds["mask_logits"][bk, s] = masks[o, 0]
+        feeds["object_score_logits"][bk, s] = z["in/object_score_logits"][o, 0]
+        feeds["conditioning"][bk, s] = float(o in cond)
+    ref = dict(maskmem_features=z["out.maskmem_features"].reshape(b, -1, grid * grid).transpose(0, 2, 1),
+               image_features=z["in/pix_feat"].transpose(1, 0, 2))
+    return feeds, ref
+
+
+def check_memory_encoder(bundle_or_onnx_dir, dumps) -> list[Row]:
+    rows: list[Row] = []
+    run = GraphRunner(bundle_or_onnx_dir, "memory_encoder")
+    grid = run.static_shapes()["tracker_feat"][2]
+    names = ("maskmem_features", "image_features")
+    for case in _cases(dumps, "memory_encoder_step_"):
+        z = _dump(dumps, case)
+        feeds, ref = memory_encoder_feeds(z, grid)
+        label = case.removeprefix("memory_encoder_step_")
+        _compare(rows, "memory_encoder", label, names, run(feeds), ref, bf16=("maskmem_features",))
+        # other junk in the empty slots: nothing may change, to the bit
+        other, _ = memory_encoder_feeds(z, grid, seed=7)
+        _compare(rows, "memory_encoder", f"{label} other junk in empty slots", names, run(other), run(feeds))
+    rows += check_memory_encoder_batching(run, grid)
+    return rows
+
+
+def check_memory_encoder_batching(run: GraphRunner, grid: int, buckets: int = 5) -> list[Row]:
+    import torch
+
+    dims = tracker_specs.TrackerDims.from_inputs(run.static_shapes())
+    spec = tracker_specs.graph_specs(dims)["memory_encoder"]
+    rows: list[Row] = []
+    for side in (14 * grid, 16 * grid):
+        with torch.no_grad():
+            feeds = {k: v.numpy() for k, v in tracker_specs.sample_inputs(
+                spec, dims, dict(buckets=buckets, mask_side=side), seed=side).items()}
+        together = run(feeds)
+        alone = [run({k: (v[i:i + 1] if k != "tracker_feat" else v) for k, v in feeds.items()}) for i in range(buckets)]
+        ref = {"maskmem_features": np.concatenate([a["maskmem_features"] for a in alone]),
+               "image_features": alone[0]["image_features"]}
+        _compare(rows, "memory_encoder", f"B={buckets} vs 1 each, side {side}", ref.keys(), together, ref,
+                 bf16=("maskmem_features",))
+    return rows
+
+
+# ------------------------------------------------------------------------------------ interactive
+INTERACTIVE_OUTPUTS = ("low_res_masks", "iou_scores", "object_score_logits", "object_pointer")
+
+
+def interactive_feeds(z: dict):
+    """An interactive_step dump -> feeds (all rows take the dump's multimask choice; no mask prompt ->
+    use_mask_prompt 0 and a junk prompt) and the expected outputs (a single-mask row's one IoU in every
+    column)."""
+    n = z["in/point_coords"].shape[0]
+    l = z["out.low_res_masks"].shape[-1]
+    mask = z.get("in/mask_inputs")
+    has_mask = isinstance(mask, np.ndarray)
+    feeds = dict(interactive_feat_s0=z["in/high_res_s0"], interactive_feat_s1=z["in/high_res_s1"],
+                 interactive_feat=z["in/interactive_feat"], point_coords=z["in/point_coords"],
+                 point_labels=z["in/point_labels"],
+                 mask_prompt=mask if has_mask else np.random.default_rng(0).standard_normal((n, 1, l, l)) * 10,
+                 use_mask_prompt=np.full(n, float(has_mask)), multimask=np.full(n, float(bool(z["out.multimask_output"]))))
+    ious = z["out.ious"]
+    ref = dict(low_res_masks=z["out.low_res_masks"], iou_scores=np.broadcast_to(ious, (n, 3)) if ious.shape[1] == 1 else ious,
+               object_score_logits=z["out.object_score_logits"], object_pointer=z["out.obj_ptr"])
+    return feeds, ref
+
+
+def check_interactive_decoder(bundle_or_onnx_dir, dumps) -> list[Row]:
+    rows: list[Row] = []
+    run = GraphRunner(bundle_or_onnx_dir, "interactive_decoder")
+    for case in _cases(dumps, "interactive_step_"):
+        feeds, ref = interactive_feeds(_dump(dumps, case))
+        label = f"{case.removeprefix('interactive_step_')} multimask={int(feeds['multimask'][0])}"
+        _compare(rows, "interactive_decoder", label, INTERACTIVE_OUTPUTS, run(feeds), ref)
+    rows += _objects_batching(run, "interactive_decoder", INTERACTIVE_OUTPUTS,
+                              shared=("interactive_feat_s0", "interactive_feat_s1", "interactive_feat"),
+                              sizes=dict(objects=5, points=3))
+    return rows
+
+
+def _objects_batching(run: GraphRunner, graph: str, names, shared, sizes) -> list[Row]:
+    """objects=5 in one call (mixed flags) against one object at a time."""
+    import torch
+
+    dims = tracker_specs.TrackerDims.from_inputs(run.static_shapes())
+    spec = tracker_specs.graph_specs(dims)[graph]
+    with torch.no_grad():
+        feeds = {k: v.numpy() for k, v in tracker_specs.sample_inputs(spec, dims, sizes, seed=11).items()}
+    together = run(feeds)
+    n = sizes["objects"]
+    alone = [run({k: (v if k in shared else v[i:i + 1]) for k, v in feeds.items()}) for i in range(n)]
+    ref = {k: np.concatenate([a[k] for a in alone]) for k in names}
+    flags = ",".join(f"{int(feeds['multimask'][i])}{int(feeds['use_mask_prompt'][i])}" for i in range(n)) \
+        if "multimask" in feeds else ""
+    rows: list[Row] = []
+    _compare(rows, graph, f"N={n} vs 1 each {flags}".rstrip(), names, together, ref)
+    return rows
+
+
+# ------------------------------------------------------------------------------------------ mask init
+MASK_INIT_OUTPUTS = ("low_res_masks", "object_pointer", "object_score_logits")
+
+
+def check_mask_init(bundle_or_onnx_dir, dumps) -> list[Row]:
+    rows: list[Row] = []
+    run = GraphRunner(bundle_or_onnx_dir, "mask_init")
+    for case in _cases(dumps, "mask_init_step_"):
+        z = _dump(dumps, case)
+        got = run(dict(interactive_feat=z["in/interactive_feat"], mask_logits=z["in/mask_logits"]))
+        ref = dict(low_res_masks=z["out.low_res_masks"], object_pointer=z["out.obj_ptr"],
+                   object_score_logits=z["out.object_score_logits"])
+        _compare(rows, "mask_init", case.removeprefix("mask_init_step_"), MASK_INIT_OUTPUTS, got, ref)
+    rows += _objects_batching(run, "mask_init", MASK_INIT_OUTPUTS, shared=("interactive_feat",), sizes=dict(objects=5))
+    return rows
+
+
+CHECKS = {"propagation_decoder": check_propagation_decoder, "memory_encoder": check_memory_encoder,
+          "interactive_decoder": check_interactive_decoder, "mask_init": check_mask_init}
+
+
+def check_tracker_graphs(bundle_or_onnx_dir, dumps, graphs=tracker_specs.GRAPHS, log=print) -> list[Row]:
+    from ..check import HEADER
+
+    rows = []
+    for name in graphs:
+        rows += CHECKS[name](bundle_or_onnx_dir, dumps)
+    if log:
+        log(HEADER)
+        for r in rows:
+            log(r.line())
+    return rows
+
+
+def main(argv=None) -> int:
+    """python -m graphs.sam31.tracker_check OUT [--plain] [--graphs ...]: export from the reference's
+    seeded checkpoint into OUT and check against its module dumps."""
+    import argparse
+
+    import torch
+
+    from .. import sam31_reference as ref
+
+    ap = argparse.ArgumentParser(prog="python -m graphs.sam31.tracker_check", description=main.__doc__)
+    ap.add_argument("out", type=Path)
+    ap.add_argument("--attention", choices=("fused", "plain"), default="fused")
+    ap.add_argument("--graphs", nargs="+", default=list(tracker_specs.GRAPHS))
+    a = ap.parse_args(argv)
+    env = ref.find_env()
+    if env is None:
+        print(f"error: {ref.missing_reason()}")
+        return 2
+    ck = ref.checkpoint_dir(env)
+    state = torch.load(ck / "sam3.1_multiplex.pt", weights_only=True, map_location="cpu")
+    export_tracker_graphs(state, a.out, attention=a.attention, graphs=a.graphs, log=print)
+    rows = check_tracker_graphs(a.out, ref.module_dumps(env, ck), graphs=a.graphs)
+    bad = [r for r in rows if not r.ok]
+    print(f"{len(rows) - len(bad)} passed, {len(bad)} failed")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
