@@ -99,6 +99,7 @@ class Sam31Checker:
         self.log = log
         self.checkpoint = Path(checkpoint) if checkpoint else self._recorded_checkpoint()
         self._model = None
+        self._tracker = None
         self._meta = False  # not looked up yet
 
     def _recorded_checkpoint(self) -> Path:
@@ -126,6 +127,18 @@ class Sam31Checker:
             torch.set_grad_enabled(False)
             self._model, _ = load_detector(self.checkpoint)
         return self._model
+
+    @property
+    def tracker(self):
+        """The torch tracker of this bundle's checkpoint (graphs/sam31/tracker.py)."""
+        if self._tracker is None:
+            from . import checkpoint as ckpt
+            from .tracker import Sam31Tracker
+
+            state = ckpt.public_keys(ckpt._load_raw(ckpt.find_checkpoint_file(self.checkpoint)))
+            grid = self.manifest["config"]["geometry"]["image_size"] // ckpt.PATCH
+            self._tracker = Sam31Tracker.from_state_dict(state, grid)
+        return self._tracker
 
     @property
     def meta(self) -> MetaReference | None:
@@ -424,6 +437,32 @@ def check_grounding_head(c: Sam31Checker) -> None:
     check_batching(c, "grounding_head", {"images": 3, "prompts": 3}, "I=3 P=3")
     check_batching(c, "grounding_head", {"images": 3, "prompts": 1}, "I=3 P=1",
                    broadcast=("text_features", "text_mask"))
+
+
+# ------------------------------------------------------------------------------------ tracker graphs
+def _tracker_check(name: str):
+    """Meta's composite tracker steps and module dumps when the bundle has the harness's seeded weights
+    (graphs/sam31/tracker_check.py); otherwise the torch wrappers on seeded inputs. Batching and padding
+    invariance either way."""
+    def check(c: Sam31Checker) -> None:
+        from . import tracker_check
+
+        if c.meta is not None:
+            c.rows += tracker_check.CHECKS[name](c.bundle, c.meta.modules)
+        else:
+            c.rows += tracker_check.check_against_torch(c.bundle, c.tracker, name)
+            c.rows += tracker_check.check_batching_only(c.bundle, name)
+    return check
+
+
+def _register_tracker_checks() -> None:
+    from .tracker_specs import GRAPHS
+
+    for name in GRAPHS:
+        register(name)(_tracker_check(name))
+
+
+_register_tracker_checks()
 
 
 # ----------------------------------------------------------------------------------- entry point

@@ -1,12 +1,14 @@
-"""Export Meta's SAM 3.1 checkpoint into a sam3track bundle (detector half).
+"""Export Meta's SAM 3.1 checkpoint into a sam3track bundle.
 
     python -m graphs.export --family sam3.1 --checkpoint sam3.1_multiplex.pt --out BUNDLE [--bpe VOCAB.gz]
     python -m graphs.export --family sam3.1 --tiny --out BUNDLE   # the reference harness's seeded checkpoint
 
-The bundle holds the detector-side graphs (graphs/sam31/detector.py), Meta's tokenizer as a
-tokenizer.json (graphs/sam31/tokenizer.py) and a manifest with ``family: "sam3.1"``, the preprocessing
-Meta applies to frames, the geometry, and the settings of Meta's builder a runtime needs. The tracker
-graphs are not exported yet, so the SAM 3 runtime refuses these bundles (sam3track/bundle.py).
+The bundle holds the detector-side graphs (graphs/sam31/detector.py), the tracker graphs
+(graphs/sam31/tracker.py: propagation decoder over buckets, memory encoder, interactive decoder, mask
+init), Meta's tokenizer as a tokenizer.json (graphs/sam31/tokenizer.py) and a manifest with
+``family: "sam3.1"``, the preprocessing Meta applies to frames, the geometry, and the settings of Meta's
+builder a runtime needs. The runtime does not run SAM 3.1 bundles yet and refuses them with one clear
+error (sam3track/bundle.py).
 """
 
 from __future__ import annotations
@@ -149,6 +151,7 @@ def export_bundle(checkpoint: Path | None, out: Path, overwrite: bool = False, t
 
     from ..export import OPSET, export_module
     from ..modules import ATTENTION_MODES
+    from .tracker_check import export_tracker_graphs
 
     out = Path(out).absolute()
     if out.exists() and not overwrite:
@@ -158,7 +161,8 @@ def export_bundle(checkpoint: Path | None, out: Path, overwrite: bool = False, t
     for flag, names in (("--fp16", fp16), ("--int8", int8)):
         unknown = [g for g in names if g not in detector.GRAPHS]
         if unknown:
-            raise ExportError(f"{flag} names unknown SAM 3.1 graphs {unknown}; choose from {', '.join(detector.GRAPHS)}")
+            raise ExportError(f"{flag} names {unknown}, which are not SAM 3.1 detector graphs; choose from "
+                              f"{', '.join(detector.GRAPHS)} (the tracker graphs are exported in fp32 only)")
     started = time.perf_counter()
     if tiny:
         checkpoint = tiny_checkpoint()
@@ -181,6 +185,13 @@ def export_bundle(checkpoint: Path | None, out: Path, overwrite: bool = False, t
             graphs[name] = export_module(spec.module(model), spec, detector.sample_inputs(spec, dims, TRACE_SIZES),
                                          staging, precision=precision, attention=attention)
             log(f"exported {name:<20} {graphs[name]['bytes'] / 1e6:9.1f} MB  {time.perf_counter() - t0:6.1f} s")
+        t0 = time.perf_counter()
+        tracker_graphs = export_tracker_graphs(ckpt.public_keys(ckpt._load_raw(info.file)), staging,
+                                               attention=attention, image_size=info.sizes.image_size)
+        for name, entry in tracker_graphs.items():
+            graphs[name] = entry
+            log(f"exported {name:<20} {entry['bytes'] / 1e6:9.1f} MB")
+        log(f"tracker graphs: {time.perf_counter() - t0:.1f} s")
         sizes = info.sizes
         manifest = {
             "format_version": 3,

@@ -540,6 +540,46 @@ def check_mask_init(bundle_or_onnx_dir, dumps) -> list[Row]:
     return rows
 
 
+def check_against_torch(bundle_or_onnx_dir, tracker, name: str) -> list[Row]:
+    """The graph in ONNX Runtime against its torch wrapper on seeded inputs at two sets of sizes, for weights
+    Meta recorded nothing for (a real checkpoint); fills the part of the Meta checks the dumps would give."""
+    import torch
+
+    run = GraphRunner(bundle_or_onnx_dir, name)
+    dims = tracker_specs.TrackerDims.from_tracker(tracker)
+    spec = tracker_specs.graph_specs(dims)[name]
+    module = spec.module(tracker).eval()
+    rows: list[Row] = []
+    base = tracker_specs.trace_sizes(dims)
+    for label, sizes in (("trace sizes", base),
+                         ("other sizes", {**base, "buckets": 3, "memories": 4, "pointers": 3, "memory_rows": 9,
+                                          "image_rows": 5, "pointer_rows": 7, "objects": 3, "points": 2,
+                                          "mask_side": 16 * dims.grid})):
+        with torch.no_grad():
+            inputs = tracker_specs.sample_inputs(spec, dims, sizes, seed=3)
+            out = module(*(inputs[t.name] for t in spec.inputs))
+        out = out if isinstance(out, tuple) else (out,)
+        ref = {t.name: o.float().numpy() for t, o in zip(spec.outputs, out)}
+        got = run({k: v.numpy() for k, v in inputs.items()})
+        bf16 = ("maskmem_features",) if name == "memory_encoder" else ()
+        _compare(rows, name, f"torch, {label}", [t.name for t in spec.outputs], got, ref, bf16=bf16)
+    return rows
+
+
+def check_batching_only(bundle_or_onnx_dir, name: str) -> list[Row]:
+    """The size and padding checks that need no Meta dumps."""
+    run = GraphRunner(bundle_or_onnx_dir, name)
+    if name == "propagation_decoder":
+        return check_propagation_batching(run)
+    if name == "memory_encoder":
+        return check_memory_encoder_batching(run, run.static_shapes()["tracker_feat"][2])
+    if name == "interactive_decoder":
+        return _objects_batching(run, name, INTERACTIVE_OUTPUTS,
+                                 shared=("interactive_feat_s0", "interactive_feat_s1", "interactive_feat"),
+                                 sizes=dict(objects=5, points=3))
+    return _objects_batching(run, name, MASK_INIT_OUTPUTS, shared=("interactive_feat",), sizes=dict(objects=5))
+
+
 CHECKS = {"propagation_decoder": check_propagation_decoder, "memory_encoder": check_memory_encoder,
           "interactive_decoder": check_interactive_decoder, "mask_init": check_mask_init}
 
