@@ -1,5 +1,5 @@
-"""SAM 3.1 export, detector half (graphs/sam31/): Meta's checkpoint format, the graphs against Meta's own
-outputs, the tokenizer against Meta's tokenizer, the manifest, and how the rest of sam3track treats a
+"""SAM 3.1 export (graphs/sam31/): Meta's checkpoint format, the detector and tracker graphs against Meta's
+own outputs, the tokenizer against Meta's tokenizer, the manifest, and how the rest of sam3track treats a
 SAM 3.1 bundle.
 
 Everything Meta-side comes from the reference environment (graphs.sam31_reference; the tests skip
@@ -50,9 +50,41 @@ def test_every_graph_matches_meta_and_batches(bundle, capsys):
     # every graph was held against Meta's outputs at every dumped batch size, and batched against 1-by-1
     for case in ("text_encoder  Meta B=3", "backbone  Meta T=2", "backbone  Meta frames I=4 rounded rows",
                  "interactive_neck  Meta frames I=4 rounded rows", "grounding_head  Meta T=2 P=1",
-                 "grounding_head  I=3 P=1 graph vs 1-by-1"):
+                 "grounding_head  I=3 P=1 graph vs 1-by-1",
+                 # the tracker: Meta's composite steps (one and two buckets, a hole, reverse), padding, batching
+                 "propagation_decoder  B2_hole", "propagation_decoder  +padding", "propagation_decoder  B=5 vs 1 each",
+                 "memory_encoder  H16F_B2", "memory_encoder  junk in empty slots", "memory_encoder  side 512",
+                 "interactive_decoder  n2_clicks_mask", "interactive_decoder  N=5 vs 1 each",
+                 "mask_init  n4", "mask_init  N=5 vs 1 each"):
         graph, what = case.split("  ")
         assert any(line.startswith(graph) and what in line for line in printed.splitlines()), case
+
+
+def test_tracker_graphs_of_other_weights_are_checked_against_torch(bundle):
+    """A real checkpoint has no Meta dumps: each tracker graph is then held against its torch wrapper at two
+    sets of sizes (and batched). The check must catch a graph that computes something else."""
+    import onnx
+
+    from graphs.sam31 import tracker_check
+    from graphs.sam31.check import Sam31Checker
+
+    checker = Sam31Checker(bundle)
+    for name in ("propagation_decoder", "memory_encoder", "interactive_decoder", "mask_init"):
+        rows = tracker_check.check_against_torch(bundle, checker.tracker, name)
+        assert len(rows) >= 4 and all(r.ok for r in rows), [r.line() for r in rows if not r.ok]
+    # a bundle whose mask_init adds 1e-2 to its masks fails that check
+    broken = bundle.parent / "broken"
+    broken.mkdir(exist_ok=True)
+    proto = onnx.load(str(bundle / "mask_init.onnx"))
+    out = proto.graph.output[0].name
+    bias = onnx.helper.make_tensor("shift", onnx.TensorProto.FLOAT, [], [1e-2])
+    proto.graph.initializer.append(bias)
+    for node in proto.graph.node:
+        node.output[:] = [f"{o}_pre" if o == out else o for o in node.output]
+    proto.graph.node.append(onnx.helper.make_node("Add", [f"{out}_pre", "shift"], [out]))
+    onnx.save(proto, str(broken / "mask_init.onnx"))
+    rows = tracker_check.check_against_torch(broken, checker.tracker, "mask_init")
+    assert any(not r.ok for r in rows if r.output == out)
 
 
 def test_rounded_levels_are_told_from_float32_ones(bundle):
@@ -272,7 +304,11 @@ def test_manifest_describes_the_sam31_bundle(bundle, sam31_reference):
     m = json.loads((bundle / "manifest.json").read_text())
     small = json.loads((sam31_reference.checkpoint_dir / "small_config.json").read_text())
     assert m["family"] == "sam3.1" and m["format_version"] == 3
-    assert list(m["graphs"]) == list(detector.GRAPHS)
+    from graphs.sam31 import tracker_specs
+
+    assert list(m["graphs"]) == list(detector.GRAPHS) + list(tracker_specs.GRAPHS)
+    decoder = {t["name"]: t["shape"] for t in m["graphs"]["propagation_decoder"]["inputs"]}
+    assert decoder["slot_valid"] == ["buckets", 16]  # buckets of 16 slots
     assert m["config"]["geometry"]["image_size"] == small["image_size"] == m["preprocessing"]["image_size"]
     assert m["config"]["is_full_size"] is False and m["config"]["full_geometry"]["image_size"] == 1008
     assert m["config"]["tracker"]["low_res_mask_size"] == small["derived"]["low_res_mask_size"]
