@@ -24,7 +24,11 @@ RUNTIMES = ("ort", "ov-f32", "ov-bf16", "ov-f32-static", "ov-bf16-static")  # *-
 
 
 def graph_inputs(manifest: dict, graph: str, objects: int, memories: int, pointers: int) -> dict:
-    """Seeded inputs of ``graph`` at these sizes: each object reads its own memories and pointers, all valid."""
+    """Seeded inputs of ``graph`` at these sizes: each object reads its own memories and pointers, all valid.
+    SAM 3.1 bundles (``family: "sam3.1"``): the objects fill buckets of 16 slots (ceil(objects / 16)
+    buckets, the last one partly), each bucket reads its own memories and pointer frames."""
+    if manifest.get("family") == "sam3.1" and graph in ("propagation_decoder", "memory_encoder"):
+        return _bucket_inputs(manifest, graph, objects, memories, pointers)
     rng = np.random.default_rng(0)
     sizes = dict(objects=objects, memories=memories, pointers=pointers, memory_rows=objects * memories,
                  pointer_rows=objects * pointers, prompts=1, images=1, points=2)
@@ -42,6 +46,34 @@ def graph_inputs(manifest: dict, graph: str, objects: int, memories: int, pointe
         elif t["dtype"].startswith("int"):
             value = np.zeros(shape)
         elif t["name"] in ("binarize", "via_image", "use_memory", "multimask"):
+            value = np.zeros(shape)
+        else:
+            value = rng.standard_normal(shape)
+        feeds[t["name"]] = np.ascontiguousarray(value, dtype=t["dtype"])
+    return feeds
+
+
+def _bucket_inputs(manifest: dict, graph: str, objects: int, memories: int, pointers: int) -> dict:
+    rng = np.random.default_rng(0)
+    slots = next(t["shape"][1] for t in manifest["graphs"][graph]["inputs"] if t["name"] == "slot_valid")
+    buckets = -(-objects // slots)
+    side = 16 * manifest["config"]["geometry"]["grid"]  # the memory encoder's mask side in tracking
+    sizes = dict(buckets=buckets, memories=memories, pointers=pointers, memory_rows=buckets * memories,
+                 image_rows=memories, pointer_rows=buckets * pointers, mask_side=side)
+    index = {"memory_index": np.arange(buckets * memories).reshape(buckets, memories),
+             "memory_image_index": np.tile(np.arange(memories), (buckets, 1)),
+             "memory_slot": np.tile(np.arange(1, memories + 1) % 7, (buckets, 1)),
+             "pointer_index": np.arange(buckets * pointers).reshape(buckets, pointers),
+             "pointer_offset": np.tile(np.arange(1, pointers + 1) / 15, (buckets, 1)),
+             "slot_valid": (np.arange(buckets * slots) < objects).reshape(buckets, slots)}
+    feeds = {}
+    for t in manifest["graphs"][graph]["inputs"]:
+        shape = [sizes[d] if isinstance(d, str) else d for d in t["shape"]]
+        if t["name"] in index:
+            value = index[t["name"]]
+        elif t["name"].endswith("_valid"):
+            value = np.ones(shape)
+        elif t["name"] == "conditioning":
             value = np.zeros(shape)
         else:
             value = rng.standard_normal(shape)

@@ -3,6 +3,7 @@
     python -m graphs.export --checkpoint DIR --out BUNDLE [--fp16 GRAPH ...] [--int8 GRAPH ...] [--attention plain]
     python -m graphs.export --tiny [--seed N] --out BUNDLE       # = --preset tiny
     python -m graphs.export --preset mid --out BUNDLE             # the benchmarks' model (real widths)
+    python -m graphs.export --preset small --out BUNDLE           # SAM 3 at the SAM 3.1 small config
     python -m graphs.export --demo --out sam3track/demo_bundle --overwrite   # the shipped demo bundle
     python -m graphs.export --family sam3.1 --checkpoint sam3.1_multiplex.pt --out BUNDLE   # Meta's SAM 3.1
     python -m graphs.export --family sam3.1 --tiny --out BUNDLE   # the SAM 3.1 reference harness's seeded model
@@ -378,9 +379,10 @@ def main(argv: list[str] | None = None) -> int:
     source.add_argument("--demo", action="store_true",
                         help="the smaller seeded model of the shipped demo bundle, without its checkpoint "
                              "(regenerate it with --out sam3track/demo_bundle --overwrite)")
-    source.add_argument("--preset", choices=("tiny", "demo", "mid"),
-                        help="a seeded model by name: tiny (= --tiny), demo (= --demo), or mid, the benchmarks' "
-                             "model with the real widths at 504 px (graphs/tiny.py)")
+    source.add_argument("--preset", choices=("tiny", "demo", "mid", "small"),
+                        help="a seeded model by name: tiny (= --tiny), demo (= --demo), mid (the benchmarks' "
+                             "model with the real widths at 504 px) or small (SAM 3 at the SAM 3.1 reference's "
+                             "small config, 448 px; graphs/tiny.py)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the seeded model's weights")
     parser.add_argument("--out", type=Path, required=True, help="bundle directory to create")
     parser.add_argument("--fp16", nargs="+", default=[], metavar="GRAPH",

@@ -17,6 +17,8 @@ Two presets share everything but their widths and depths:
   head count, query count and memory setting is the default ``Sam3VideoConfig``'s (the real model's);
   only the image (504 px, a 36 x 36 grid), the ViT depth (4 layers, the last one global, window 18) and
   the text encoder depth (2) are cut, so a frame takes seconds on a CPU, not minutes.
+- ``small`` (``--preset small``): SAM 3 at the SAM 3.1 reference harness's small config (448 px, ViT
+  256 x 2, text 256 x 2, DETR 2 + 2, the real tracker), the SAM 3 side of the 3.0 vs 3.1 benchmark.
 """
 
 from __future__ import annotations
@@ -66,27 +68,46 @@ DEMO = TinyPreset("demo", hidden=64, feed_forward=128, vit_hidden=32, vit_layers
 # Widths of the mid preset are not used (it keeps the default config's); depths are.
 MID = TinyPreset("mid", hidden=256, feed_forward=2048, vit_hidden=1024, vit_layers=4, text_hidden=1024,
                  text_layers=2, detr_layers=6, memory_attention_layers=4)
-PRESETS = {p.name: p for p in (TINY, DEMO, MID)}
+# SAM 3 at the sizes of the seeded SAM 3.1 checkpoint the SAM 3.1 reference harness builds
+# (reference/sam31/make_checkpoint.py: image 448, ViT 256 wide / 2 deep, text 256 wide / 2 layers, DETR
+# 2 + 2 layers; every tracker width, head count and memory setting the real model's), so the SAM 3 and
+# SAM 3.1 paths can be measured on the same small config (benchmarks, issue 12).
+SMALL = TinyPreset("small", hidden=256, feed_forward=2048, vit_hidden=256, vit_layers=2, text_hidden=256,
+                   text_layers=2, detr_layers=2, memory_attention_layers=4)
+PRESETS = {p.name: p for p in (TINY, DEMO, MID, SMALL)}
 MID_IMAGE_SIZE = 504  # 36 x 36 tokens; window 18 tiles it as the real model's 24 tiles 72
 MID_WINDOW = 18
+SMALL_IMAGE_SIZE = 448  # 32 x 32 tokens, as the SAM 3.1 small config
+SMALL_VIT = dict(heads=4, mlp=1184, window=24, pretrain_grid=24)  # the SAM 3.1 small ViT's (mlp = 4.625 x width)
 
 
-def mid_config():
-    """The default (real) SAM 3 video config at 504 px with a 4-layer ViT and a 2-layer text encoder."""
+def mid_config(preset: TinyPreset = MID):
+    """The default (real) SAM 3 video config at 504 px with a 4-layer ViT and a 2-layer text encoder
+    (``preset`` SMALL: at 448 px with the SAM 3.1 small config's ViT, text encoder and DETR depths)."""
     from transformers import Sam3VideoConfig
 
     cfg = Sam3VideoConfig()
     det, trk = cfg.detector_config, cfg.tracker_config
-    grid = MID_IMAGE_SIZE // PATCH
+    side = image_size(preset)
+    grid = side // PATCH
     sizes = [[4 * grid, 4 * grid], [2 * grid, 2 * grid], [grid, grid]]
     vit = det.vision_config.backbone_config
-    vit.num_hidden_layers, vit.window_size, vit.global_attn_indexes = MID.vit_layers, MID_WINDOW, [MID.vit_layers - 1]
+    vit.num_hidden_layers, vit.global_attn_indexes = preset.vit_layers, [preset.vit_layers - 1]
+    vit.window_size = MID_WINDOW
+    if preset is SMALL:
+        vit.hidden_size, vit.num_attention_heads = preset.vit_hidden, SMALL_VIT["heads"]
+        vit.intermediate_size, vit.window_size = SMALL_VIT["mlp"], SMALL_VIT["window"]
+        vit.pretrain_image_size = SMALL_VIT["pretrain_grid"] * PATCH
+        txt = det.text_config
+        txt.hidden_size, txt.intermediate_size = preset.text_hidden, 4 * preset.text_hidden
+        txt.num_attention_heads = preset.text_hidden // 64
+        det.detr_encoder_config.num_layers = det.detr_decoder_config.num_layers = preset.detr_layers
     for vision in (det.vision_config, trk.vision_config):
         vision.backbone_feature_sizes = sizes
-    det.text_config.num_hidden_layers = MID.text_layers
+    det.text_config.num_hidden_layers = preset.text_layers
     trk.memory_attention_rope_feat_sizes = [grid, grid]
-    cfg.image_size = MID_IMAGE_SIZE
-    trk.prompt_encoder_config.image_size = MID_IMAGE_SIZE
+    cfg.image_size = side
+    trk.prompt_encoder_config.image_size = side
     cfg.low_res_mask_size = 4 * grid
     # Thresholds as the tiny model's (random weights score lower than trained ones); the benchmark sets
     # its own on both sides to control the object count.
@@ -96,14 +117,14 @@ def mid_config():
 
 
 def image_size(preset: TinyPreset) -> int:
-    return MID_IMAGE_SIZE if preset is MID else IMAGE_SIZE
+    return {"mid": MID_IMAGE_SIZE, "small": SMALL_IMAGE_SIZE}.get(preset.name, IMAGE_SIZE)
 
 
 def tiny_config(preset: TinyPreset = TINY):
     from transformers import Sam3VideoConfig
 
-    if preset is MID:
-        return mid_config()
+    if preset in (MID, SMALL):
+        return mid_config(preset)
 
     hidden, ffn = preset.hidden, preset.feed_forward
     grid = IMAGE_SIZE // PATCH

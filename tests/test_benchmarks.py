@@ -95,3 +95,23 @@ def test_graph_speed_tool_runs_at_tiny_size(tiny_bundle, tmp_path, capsys):
     assert all(row["median_ms"] > 0 and "ms_per_object" in row for row in r["rows"])
     assert isinstance(r["matmul"]["gflops"]["ort"], float)
     assert "ms/extra object" in capsys.readouterr().out
+
+
+def test_graph_speed_fills_sam31_buckets_of_16():
+    """SAM 3.1 decoder inputs: ceil(N / 16) buckets, the first N slots valid, each bucket its own pool rows."""
+    from benchmarks.graph_speed import graph_inputs
+
+    def t(name, dtype, *shape):
+        return {"name": name, "dtype": dtype, "shape": list(shape)}
+
+    manifest = {"family": "sam3.1", "config": {"geometry": {"grid": 4}}, "graphs": {"propagation_decoder": {"inputs": [
+        t("tracker_feat", "float32", 1, 8, 4, 4), t("memory_pool", "float32", "memory_rows", 16, 8),
+        t("image_pool", "float32", "image_rows", 16, 8), t("pointer_pool", "float32", "pointer_rows", 16, 8),
+        t("memory_index", "int32", "buckets", "memories"), t("memory_valid", "float32", "buckets", "memories"),
+        t("pointer_index", "int32", "buckets", "pointers"), t("slot_valid", "float32", "buckets", 16)]}}}
+    for n, buckets in ((1, 1), (16, 1), (17, 2), (128, 8)):
+        feeds = graph_inputs(manifest, "propagation_decoder", n, memories=3, pointers=2)
+        assert feeds["slot_valid"].shape == (buckets, 16) and feeds["slot_valid"].sum() == n
+        assert feeds["memory_pool"].shape[0] == buckets * 3 and feeds["pointer_pool"].shape[0] == buckets * 2
+        assert sorted(feeds["memory_index"].ravel()) == list(range(buckets * 3))
+        assert feeds["memory_valid"].all()
