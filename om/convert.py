@@ -184,8 +184,11 @@ def main(argv: list[str] | None = None) -> int:
                         help=f"sizes to compile per axis (default {defaults}; the propagation_decoder's memories, "
                              "pointers, memory_rows and pointer_rows are fixed at capacities from the bundle's "
                              "config, om.plan.default_capacities; per-graph defaults where an axis is not "
-                             f"given: {GRAPH_GEARS}; interactive_decoder's pool axes keep their largest size). "
-                             "One size fixes an axis; more make it vary.")
+                             f"given: {GRAPH_GEARS}; interactive_decoder's pool axes keep their largest size; "
+                             "a SAM 3.1 bundle adds buckets=1,2,4 and mask_side=14F,16F, fixes memories, pointers "
+                             "and the pool rows at om.sam31.capacities and runs grounding_head's images at the "
+                             "prompt gears, prompts 1 or equal to images). One size fixes an axis; more make it "
+                             "vary.")
     parser.add_argument("--shape-range", nargs="+", default=[], metavar="GRAPH",
                         help="compile these graphs in shape-range mode (lo~hi dims, 910B/310P only) instead of gears")
     args = parser.parse_args(argv)

@@ -217,6 +217,8 @@ def sample_inputs(plan: GraphPlan, sizes: dict[str, int], manifest: dict, model=
         elif name.endswith("_index"):
             pool = shapes.get(POOL_OF.get(name, name[: -len("_index")] + "_pool"))
             value = rng.integers(0, pool[0] if pool else 1, shape)
+        elif name == "point_labels":  # negative, positive, box corners
+            value = rng.integers(0, 4, shape)
         elif name.endswith("_slot"):
             value = rng.integers(0, num_maskmem, shape)
         elif name.endswith("mask") and len(shape) == 2:  # attention masks: a prefix of ones per row
