@@ -330,7 +330,7 @@ def plan_graph(name: str, entry: dict, gears: dict[str, tuple[int, ...]], shape_
         raise PlanError(f"graph {name}: axes {missing} have no gears; pass --gears {missing[0]}=N,...")
     plan = GraphPlan(name, _tensors(entry["inputs"]), _tensors(entry["outputs"]),
                      {a: tuple(sorted(set(gears[a]))) for a in axes_of(entry)}, precision=precision)
-    if allowed is not None and len(plan.varying) > 1:
+    if allowed is not None and plan.varying:
         combos = _allowed_combinations(plan, allowed)
         plan.axes.update({a: tuple(sorted({c[a] for c in combos})) for a in list(plan.varying)})
     varying = plan.varying

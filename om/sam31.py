@@ -90,7 +90,7 @@ def graph_gears(base: dict[str, tuple[int, ...]]) -> dict[str, dict[str, tuple[i
 def notes(plan) -> list[str]:
     """What the om_manifest records about a SAM 3.1 graph's plan (GraphPlan ``plan``), in words."""
     name, axes = plan.graph, plan.axes
-    if name == "grounding_head" and plan.dynamic_dims is not None:
+    if name == "grounding_head" and plan.varying:
         return ["rows are image-prompt pairs: profiles only where prompts is 1 (one prompt for every image) or "
                 "equals images (prompt i with image i), the only shapes the graph runs"]
     if name == "propagation_decoder":

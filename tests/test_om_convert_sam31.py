@@ -125,6 +125,9 @@ def test_detector_graphs_gear_over_images_and_prompts(bundles):
     assert plans["grounding_head"].axes == {"images": (1, 2, 4, 8), "prompts": (1, 2, 4, 8)}
     assert plans["grounding_head"].dynamic_dims == tuple((i, i, i, p, p) for i in (1, 2, 4, 8) for p in sorted({1, i}))
     assert plans["propagation_decoder"].mode == "dynamic_batch"
+    # one image per call: one prompt per call (2 prompts for 1 image is no shape the graph runs)
+    one = make_plans(_manifest(plain), {"images": (1,)})["grounding_head"]
+    assert one.mode == "static" and one.axes == {"images": (1,), "prompts": (1,)}
     # varying memories too makes the decoder dynamic dims over buckets x memories
     varied = make_plans(_manifest(plain), {"memories": (4, 10)})["propagation_decoder"]
     assert varied.mode == "dynamic_dims" and len(varied.dynamic_dims) == 6
