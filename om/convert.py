@@ -22,7 +22,9 @@ from sam3track.errors import Sam3TrackError
 from . import atc as atc_mod
 from . import manifest as manifest_mod
 from .errors import ConversionError
-from .plan import DEFAULT_GEARS, GRAPH_GEARS, GraphPlan, axes_of, default_gears, graph_gears, parse_gears, plan_graph
+from . import sam31
+from .plan import (DEFAULT_GEARS, GRAPH_GEARS, GraphPlan, axes_of, default_gears, family, graph_gears, parse_gears,
+                   plan_graph)
 from .prepass import make_atc_ready
 
 PRECISION_HELP = (
@@ -58,9 +60,47 @@ def make_plans(manifest: dict, gears: dict[str, tuple[int, ...]] | None = None, 
     all_gears = default_gears(manifest)
     all_gears.update(gears or {})
     explicit = set(gears or {})
-    return {name: plan_graph(name, entry, graph_gears(name, all_gears, explicit), shape_range=name in shape_range,
-                             precision=(precision or {}).get(name, "origin"))
-            for name, entry in graphs.items()}
+    fam = family(manifest)
+    rules = sam31.ALLOWED if fam == sam31.FAMILY else {}
+    plans = {name: plan_graph(name, entry, graph_gears(name, all_gears, explicit, fam), shape_range=name in shape_range,
+                              precision=(precision or {}).get(name, "origin"), allowed=rules.get(name))
+             for name, entry in graphs.items()}
+    if fam == sam31.FAMILY:
+        for name, plan in plans.items():
+            plan.notes.extend(sam31.notes(plan))
+    return plans
+
+
+def open_source(bundle: Path, verify: bool = True) -> Bundle:
+    """The bundle to convert, refused when broken or changed (missing files, sha256). SAM 3 bundles go
+    through Bundle.open and all its checks; a SAM 3.1 bundle, which the runtime does not open yet
+    (Bundle.open refuses its family), gets the checks that do not depend on SAM 3's manifest layout:
+    every graph and the tokenizer present and, with ``verify``, unchanged."""
+    path = Path(bundle) / "manifest.json"
+    try:
+        manifest = json.loads(path.read_text())
+    except (OSError, ValueError, UnicodeDecodeError):
+        manifest = None  # Bundle.open says what is wrong
+    if not isinstance(manifest, dict) or family(manifest) != sam31.FAMILY:
+        return Bundle.open(bundle, verify=verify)
+    graphs = manifest.get("graphs")
+    if not isinstance(graphs, dict) or not graphs:
+        raise ConversionError(f"{path} lists no graphs; export the bundle again")
+    for name, entry in graphs.items():
+        if not isinstance(entry, dict) or not all(k in entry for k in ("file", "sha256", "inputs", "outputs")):
+            raise ConversionError(f"{path}: graph {name!r} has no file, sha256, inputs and outputs; export the "
+                                  "bundle again")
+        for file in [entry["file"]] + entry.get("data_files", []):
+            if not (Path(bundle) / file).is_file():
+                raise ConversionError(f"graph {name} is missing: {Path(bundle) / file} does not exist; export the "
+                                      "bundle again")
+    tok = manifest.get("tokenizer", {}).get("dir")
+    if not tok or not (Path(bundle) / tok / "tokenizer.json").is_file():
+        raise ConversionError(f"{bundle} has no tokenizer/tokenizer.json; export the bundle again")
+    source = Bundle(Path(bundle), manifest)
+    if verify:
+        source.verify()
+    return source
 
 
 def convert_bundle(bundle: Path, soc: str, out: Path, *, gears: dict[str, tuple[int, ...]] | None = None,
@@ -73,14 +113,15 @@ def convert_bundle(bundle: Path, soc: str, out: Path, *, gears: dict[str, tuple[
         raise ConversionError("--soc is required: 'Ascend' + the Chip Name npu-smi info shows (e.g. Ascend910B2)")
     if out.exists() and not overwrite:
         raise ConversionError(f"{out} already exists; pass --overwrite to replace it or choose another --out")
-    source = Bundle.open(bundle)  # refuses a broken or changed bundle before any work
+    source = open_source(bundle)  # refuses a broken or changed bundle before any work
     manifest = source.manifest
     fused = [name for name, entry in manifest["graphs"].items() if entry.get("attention") == "fused"]
     if fused:
         raise ConversionError(
             f"{bundle}: {', '.join(fused)} use ONNX Runtime's fused attention op (com.microsoft MultiHeadAttention), "
             "which ATC cannot parse; export the bundle again with standard ops for Ascend: "
-            "python -m graphs.export ... --attention plain")
+            f"python -m graphs.export{' --family sam3.1' if family(manifest) == sam31.FAMILY else ''} ... "
+            "--attention plain")
     plans = make_plans(manifest, gears, shape_range, precision)
     # ascend.md 1.3: mixed_bfloat16 is for A2/910B only. [unconfirmed] which other SoCs accept it: warn, not refuse.
     bf16 = [g for g, p in plans.items() if p.precision == "mixed_bfloat16"]
@@ -114,7 +155,8 @@ def convert_bundle(bundle: Path, soc: str, out: Path, *, gears: dict[str, tuple[
         shutil.copytree(bundle / tok, staging / tok)
         (staging / "manifest.json").write_text(
             json.dumps(manifest_mod.bundle_manifest(manifest, staging, onnx_files), indent=2))
-        om = manifest_mod.om_manifest(soc, atc_mod.cann_version(), bundle / "manifest.json", entries)
+        om = manifest_mod.om_manifest(soc, atc_mod.cann_version(), bundle / "manifest.json", entries,
+                                      family(manifest))
         (staging / "om_manifest.json").write_text(json.dumps(om, indent=2))
         replace_directory(staging, out)  # --overwrite: the old bundle goes only once the new one is complete
     except BaseException:
@@ -142,14 +184,17 @@ def main(argv: list[str] | None = None) -> int:
                         help=f"sizes to compile per axis (default {defaults}; the propagation_decoder's memories, "
                              "pointers, memory_rows and pointer_rows are fixed at capacities from the bundle's "
                              "config, om.plan.default_capacities; per-graph defaults where an axis is not "
-                             f"given: {GRAPH_GEARS}; interactive_decoder's pool axes keep their largest size). "
-                             "One size fixes an axis; more make it vary.")
+                             f"given: {GRAPH_GEARS}; interactive_decoder's pool axes keep their largest size; "
+                             "a SAM 3.1 bundle adds buckets=1,2,4 and mask_side=14F,16F, fixes memories, pointers "
+                             "and the pool rows at om.sam31.capacities and runs grounding_head's images at the "
+                             "prompt gears, prompts 1 or equal to images). One size fixes an axis; more make it "
+                             "vary.")
     parser.add_argument("--shape-range", nargs="+", default=[], metavar="GRAPH",
                         help="compile these graphs in shape-range mode (lo~hi dims, 910B/310P only) instead of gears")
     args = parser.parse_args(argv)
     out = args.out or args.bundle.resolve().with_name(args.bundle.resolve().name + "-om")
     try:
-        manifest = Bundle.open(args.bundle, verify=False).manifest
+        manifest = open_source(args.bundle, verify=False).manifest
         known = {a for entry in manifest["graphs"].values() for a in axes_of(entry)}
         gears = parse_gears(args.gears, known)
         precision = parse_precision([p for group in args.precision for p in group], list(manifest["graphs"]))

@@ -50,13 +50,16 @@ def graph_entry(plan: GraphPlan, source_file: str, source_sha256: str, onnx_file
         "om_file": om_file,
         "risky_ops": dict(sorted(risky_ops.items())),
         "checked_at": check_sizes,  # the sizes the onnxruntime equivalence check of the pre-pass ran at
+        "notes": list(plan.notes),  # why the plan is what it is, where a rule narrowed it
     }
 
 
-def om_manifest(soc: str, cann_version: str | None, source_manifest: Path, graphs: dict[str, dict]) -> dict:
+def om_manifest(soc: str, cann_version: str | None, source_manifest: Path, graphs: dict[str, dict],
+                family: str = "sam3") -> dict:
     return {
         "format": FORMAT,
         "version": VERSION,
+        "family": family,  # the source bundle's model family (its manifest.json says the same)
         "soc_version": soc,
         "cann_version": cann_version,
         "compiled": all(g["om_file"] is not None for g in graphs.values()),

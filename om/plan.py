@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 from sam3track.call_sizes import DEFAULT_GEARS, GRAPH_GEARS  # noqa: F401  one definition, shared with ORT on CANN
 
+from . import sam31
 from .errors import PlanError
 
 MODES = ("static", "dynamic_batch", "dynamic_dims", "shape_range")
@@ -41,8 +42,16 @@ def default_capacities(manifest: dict) -> dict[str, int]:
     return TrackerConfig.from_manifest(manifest).capacities()
 
 
+def family(manifest: dict) -> str:
+    """The bundle's model family: "sam3" (also when the manifest names none) or "sam3.1"."""
+    return manifest.get("family", "sam3")
+
+
 def default_gears(manifest: dict) -> dict[str, tuple[int, ...]]:
-    """DEFAULT_GEARS plus the pool capacities, each capacity a single (fixed) size."""
+    """DEFAULT_GEARS plus the pool capacities, each capacity a single (fixed) size. A SAM 3.1 bundle adds
+    its bucket and mask-side gears and takes its capacities from its own config (om/sam31.py)."""
+    if family(manifest) == sam31.FAMILY:
+        return sam31.default_gears(manifest, DEFAULT_GEARS)
     from sam3track.call_sizes import default_gears as with_capacities
     from sam3track.config import TrackerConfig
 
@@ -57,12 +66,16 @@ POOL_AXES = ("memories", "pointers", "memory_rows", "pointer_rows")
 ONE_SIZE_POOL_AXES = ("interactive_decoder",)
 
 
-def graph_gears(name: str, gears: dict[str, tuple[int, ...]], explicit=()) -> dict[str, tuple[int, ...]]:
-    """The gears of graph ``name``: ``gears`` with GRAPH_GEARS' per-graph defaults for axes the user did
-    not name (``explicit``: the axes given with --gears), and the pool axes of ONE_SIZE_POOL_AXES graphs
-    fixed at their largest size."""
+def graph_gears(name: str, gears: dict[str, tuple[int, ...]], explicit=(), family: str = "sam3"
+                ) -> dict[str, tuple[int, ...]]:
+    """The gears of graph ``name``: ``gears`` with GRAPH_GEARS' per-graph defaults (and a SAM 3.1
+    bundle's, om/sam31.py) for axes the user did not name (``explicit``: the axes given with --gears),
+    and the pool axes of ONE_SIZE_POOL_AXES graphs fixed at their largest size."""
     out = dict(gears)
-    out.update({a: s for a, s in GRAPH_GEARS.get(name, {}).items() if a not in explicit})
+    per_graph = dict(GRAPH_GEARS.get(name, {}))
+    if family == sam31.FAMILY:
+        per_graph.update(sam31.graph_gears(gears).get(name, {}))
+    out.update({a: s for a, s in per_graph.items() if a not in explicit})
     if name in ONE_SIZE_POOL_AXES:
         out.update({a: (max(out[a]),) for a in POOL_AXES if out.get(a)})
     return out
@@ -181,6 +194,16 @@ class GraphPlan:
             return [[b] for b in self.batch_sizes]
         return None
 
+    def gear_sizes(self) -> list[dict[str, int]] | None:
+        """Every compiled gear as {varying axis: size} (one per batch gear or dims profile); None for
+        static and shape-range plans."""
+        if self.batch_sizes is not None:
+            return [{self.varying[0]: b} for b in self.batch_sizes]
+        if self.dynamic_dims is not None:
+            holes = self.placeholders()
+            return [{h.axis: v for h, v in zip(holes, p)} for p in self.dynamic_dims]
+        return None
+
     def sizes_at(self, pick) -> dict[str, int]:
         """One size per axis; ``pick(sizes)`` chooses among a varying axis's sizes (e.g. max)."""
         return {a: (pick(s) if a in self.varying else s[0]) for a, s in self.axes.items()}
@@ -291,18 +314,25 @@ def axes_of(entry: dict) -> list[str]:
 
 
 def plan_graph(name: str, entry: dict, gears: dict[str, tuple[int, ...]], shape_range: bool = False,
-               precision: str = "origin") -> GraphPlan:
+               precision: str = "origin", allowed=None) -> GraphPlan:
     """Plan one graph from its manifest entry and the gears of every axis, then validate it.
 
     No varying axis -> static; one varying axis at dim 0 of every input it appears in -> dynamic batch;
     otherwise dynamic dims over the cartesian product of the varying axes' gears. ``shape_range`` picks
     shape-range mode instead (each varying axis spans its smallest to largest gear).
+
+    ``allowed`` (sizes -> bool) keeps only the combinations of sizes the graph can run (SAM 3.1's
+    grounding head: prompts 1 or equal to images); the axes are narrowed to the sizes some allowed
+    combination uses before the mode is chosen.
     """
     missing = [a for a in axes_of(entry) if a not in gears]
     if missing:
         raise PlanError(f"graph {name}: axes {missing} have no gears; pass --gears {missing[0]}=N,...")
     plan = GraphPlan(name, _tensors(entry["inputs"]), _tensors(entry["outputs"]),
                      {a: tuple(sorted(set(gears[a]))) for a in axes_of(entry)}, precision=precision)
+    if allowed is not None and plan.varying:
+        combos = _allowed_combinations(plan, allowed)
+        plan.axes.update({a: tuple(sorted({c[a] for c in combos})) for a in list(plan.varying)})
     varying = plan.varying
     if not varying:
         return plan.validate()
@@ -318,6 +348,20 @@ def plan_graph(name: str, entry: dict, gears: dict[str, tuple[int, ...]], shape_
     profiles = []
     for combo in itertools.product(*(plan.axes[a] for a in varying)):
         size = dict(zip(varying, combo))
-        profiles.append(tuple(size[h.axis] for h in holes))
+        if allowed is None or allowed(plan.sizes_at(min) | size):
+            profiles.append(tuple(size[h.axis] for h in holes))
     plan.dynamic_dims = tuple(profiles)
     return plan.validate()
+
+
+def _allowed_combinations(plan: GraphPlan, allowed) -> list[dict[str, int]]:
+    """The combinations of the varying axes' sizes that ``allowed`` accepts (fixed axes at their size)."""
+    varying = plan.varying
+    combos = [dict(zip(varying, c)) for c in itertools.product(*(plan.axes[a] for a in varying))]
+    fixed = plan.sizes_at(min)
+    kept = [c for c in combos if allowed(fixed | c)]
+    if not kept:
+        detail = ", ".join(f"{a}={list(plan.axes[a])}" for a in varying)
+        raise PlanError(f"graph {plan.graph}: no combination of the gears {detail} is a shape this graph runs; "
+                        "choose other --gears")
+    return kept

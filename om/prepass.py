@@ -167,8 +167,15 @@ def make_atc_ready(src: Path, plan: GraphPlan, manifest: dict, out: Path, seed: 
 
 # ------------------------------------------------------------------------------------------- check
 def _check_sizes(plan: GraphPlan) -> dict[str, int]:
-    """One gear to check at: the smallest size above 1 of each varying axis (1 would hide broadcasting bugs)."""
-    return plan.sizes_at(lambda sizes: next((s for s in sizes if s > 1), sizes[0]))
+    """One gear to check at: the smallest size above 1 of each varying axis (1 would hide broadcasting
+    bugs), or, where the plan compiles only some combinations, the compiled gear with fewest axes at 1
+    and the smallest sizes."""
+    sizes = plan.sizes_at(lambda sizes: next((s for s in sizes if s > 1), sizes[0]))
+    gears = plan.gear_sizes()
+    if gears and not any(all(sizes[a] == v for a, v in g.items()) for g in gears):
+        best = min(gears, key=lambda g: (sum(v == 1 for v in g.values()), sum(g.values())))
+        sizes.update(best)
+    return sizes
 
 
 def _vocab_size(model, manifest: dict) -> int:
@@ -183,6 +190,12 @@ def _vocab_size(model, manifest: dict) -> int:
         if node.op_type == "Gather" and len(node.input) > 1 and node.input[1] in names and node.input[0] in inits:
             return int(numpy_helper.to_array(inits[node.input[0]]).shape[0])
     return int(manifest.get("tokenizer", {}).get("pad_token_id", 0)) + 1
+
+
+# 0/1 inputs besides *_valid (SAM 3, then SAM 3.1 names), and index inputs whose pool is not <prefix>_pool
+FLAGS = ("binarize", "via_image", "use_memory", "multimask", "masks", "conditioning", "use_mask_prompt",
+         "round_levels")
+POOL_OF = {"memory_image_index": "image_pool"}
 
 
 def sample_inputs(plan: GraphPlan, sizes: dict[str, int], manifest: dict, model=None, seed: int = 0) -> dict:
@@ -202,14 +215,16 @@ def sample_inputs(plan: GraphPlan, sizes: dict[str, int], manifest: dict, model=
             high = _vocab_size(model, manifest) if model is not None else 2
             value = rng.integers(0, high, shape)
         elif name.endswith("_index"):
-            pool = shapes.get(name[: -len("_index")] + "_pool")
+            pool = shapes.get(POOL_OF.get(name, name[: -len("_index")] + "_pool"))
             value = rng.integers(0, pool[0] if pool else 1, shape)
+        elif name == "point_labels":  # negative, positive, box corners
+            value = rng.integers(0, 4, shape)
         elif name.endswith("_slot"):
             value = rng.integers(0, num_maskmem, shape)
         elif name.endswith("mask") and len(shape) == 2:  # attention masks: a prefix of ones per row
             lengths = rng.integers(1, shape[1] + 1, (shape[0], 1))
             value = np.arange(shape[1])[None] < lengths
-        elif name.endswith("_valid") or name in ("binarize", "via_image", "use_memory", "multimask", "masks"):
+        elif name.endswith("_valid") or name in FLAGS:
             value = rng.random(shape) > 0.5
             if value.ndim == 2:
                 value[:, 0] = True

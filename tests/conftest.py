@@ -49,3 +49,14 @@ def sam31_reference():
     Meta's format), ``.scenarios`` (the outputs folder of reference/sam31/run_scenarios.py), made and
     cached on first use. Skips when the env is absent (fails under SAM3TRACK_REQUIRE_SAM31_REFERENCE=1)."""
     return sam31_reference_or_skip()
+
+
+@pytest.fixture(scope="session")
+def sam31_bundle(sam31_reference, tmp_path_factory) -> Path:
+    """The seeded SAM 3.1 checkpoint exported by the command line with its defaults (fused attention), as
+    a user exports a real one; read-only, shared by the modules that need it."""
+    from graphs.export import main
+
+    out = tmp_path_factory.mktemp("sam31") / "bundle"
+    assert main(["--family", "sam3.1", "--tiny", "--out", str(out)]) == 0
+    return out

@@ -54,6 +54,7 @@ def test_every_graph_compiles_with_the_fake_atc(converted):
     out, om = converted
     assert om == json.loads((out / "om_manifest.json").read_text())
     assert om["format"] == "sam3track-om" and om["compiled"] is True and om["soc_version"] == "Ascend910B2"
+    assert om["family"] == "sam3"
     modes = {g: e["mode"] for g, e in om["graphs"].items()}
     assert modes == {"text_encoder": "dynamic_batch", "backbone": "static", "grounding_head": "dynamic_batch",
                      "propagation_decoder": "dynamic_dims", "interactive_decoder": "dynamic_dims",

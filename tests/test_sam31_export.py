@@ -25,13 +25,10 @@ from graphs.sam31 import tokenizer as tok31
 
 
 @pytest.fixture(scope="module")
-def bundle(sam31_reference, tmp_path_factory):
-    """The seeded SAM 3.1 checkpoint exported by the command line, as a user exports a real one."""
-    from graphs.export import main
-
-    out = tmp_path_factory.mktemp("sam31") / "bundle"
-    assert main(["--family", "sam3.1", "--tiny", "--out", str(out)]) == 0
-    return out
+def bundle(sam31_bundle):
+    """The seeded SAM 3.1 checkpoint exported by the command line, as a user exports a real one
+    (conftest: one export per session, shared with test_om_convert_sam31)."""
+    return sam31_bundle
 
 
 @pytest.fixture(scope="module")
