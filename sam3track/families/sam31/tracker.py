@@ -27,6 +27,11 @@ MASK_SCORE = 10.0  # Meta's +-10 object scores by mask area
 REMOVED_SCORE = -1e4
 
 
+def state_record_is_cond(state: TrackerState, frame: int) -> bool:
+    record = state.frames.get(frame)
+    return record is not None and record.cond
+
+
 def _sigmoid(x):
     return (1.0 / (1.0 + np.exp(-np.asarray(x, np.float64)))).astype(np.float32)
 
@@ -254,6 +259,20 @@ class Sam31Tracker:
                                  pointer_rows=[int(r) for r in rows], conditioning=set(obj_ids), consolidated=True)
             state.frames[frame] = record
             self.states.append(state)
+        elif state_record_is_cond(best, frame):
+            # Births into an existing state on one of its conditioning frames (the prompt frame tracked
+            # again): Meta adds them to that frame's stored output in place -- masks (mask_init's, not
+            # wiped), scores, pointers, conditioning flags -- and its re-encoded consolidation lands in
+            # non_cond_frame_outputs, which it then drops (an output on a conditioning frame wins):
+            # the frame's memory stays the one encoded before the births.
+            state, record = best, best.frames[frame]
+            state.registry.add(list(obj_ids))
+            for i, o in enumerate(obj_ids):
+                record.masks[o] = init_low[i]
+                record.scores[o] = float(init_scores[i])
+            record.conditioning |= set(obj_ids)
+            mem.set_pointer_slots(record, state.registry, {o: pointers[i] for i, o in enumerate(obj_ids)})
+            return
         else:
             # Births into an existing state: its empty slots, and the frame stays a NON-conditioning
             # frame (it was tracked already), the newcomers only flagged in the conditioning channel.
