@@ -139,7 +139,7 @@ class Sam31Session:
         self._text = text.strip()
         out = self._run(int(frame_index), reverse=False, round_levels=True)
         self.prompted_frames.add(int(frame_index))
-        return self._postprocess(out.frame, out.masks)
+        return self._postprocess(out.frame, out.masks, scores=out.scores)
 
     def _run(self, frame: int, reverse: bool, round_levels: bool) -> FrameOut:
         px = pixel_values(self.source.read(frame), self.config)
@@ -148,16 +148,18 @@ class Sam31Session:
         return out
 
     # ---------------------------------------------------------------------------------- results
-    def _postprocess(self, frame: int, obj_id_to_mask: dict[int, np.ndarray], hidden=()) -> FrameResult:
+    def _postprocess(self, frame: int, obj_id_to_mask: dict[int, np.ndarray], hidden=(), scores=None) -> FrameResult:
         """Meta's _postprocess_output: sorted ids, empty and hidden masks dropped, object-wise
-        non-overlap by tracker probability, boxes from the masks."""
+        non-overlap by tracker probability, boxes from the masks. scores: the obj_id_to_score the
+        frame's output carries (Meta snapshots it per frame; fetches read the current one)."""
         h, w = self.source.height, self.source.width
         ids = sorted(obj_id_to_mask)
         if not ids:
             return FrameResult.empty(frame, h, w)
         masks = np.stack([obj_id_to_mask[o] for o in ids])
         frame_scores = self.tracker.sam2_scores.get(frame, {})
-        probs = np.asarray([self.tracker.obj_id_to_score[o] for o in ids], np.float32)
+        scores = self.tracker.obj_id_to_score if scores is None else scores
+        probs = np.asarray([scores[o] for o in ids], np.float32)
         tracker_probs = np.asarray([frame_scores.get(o, 0.0) for o in ids], np.float32)
         keep = masks.reshape(len(ids), -1).any(1) & ~np.isin(ids, list(hidden))
         ids = np.asarray(ids, np.int64)[keep]
@@ -276,7 +278,7 @@ class Sam31Session:
         hidden = set(self.suppressed.get(out.frame, ())) | set(unconfirmed.get(at) or ())
         # Meta's cache keeps the frame without its hidden objects (fetches re-play it)
         self.cached[out.frame] = {o: m for o, m in out.masks.items() if o not in hidden}
-        return self._postprocess(out.frame, out.masks, hidden)
+        return self._postprocess(out.frame, out.masks, hidden, out.scores)
 
     # ---------------------------------------------------------------------------------- objects
     def remove_object(self, obj_id: int) -> None:

@@ -45,6 +45,7 @@ class FrameOut:
     unconfirmed: list[int] = field(default_factory=list)
     removed: set[int] = field(default_factory=set)  # removed by the hotstart rule on this frame
     stats: dict = field(default_factory=dict)
+    scores: dict[int, float] = field(default_factory=dict)  # Meta's obj_id_to_score as of this frame
 
 
 class Sam31Tracker:
@@ -278,17 +279,9 @@ class Sam31Tracker:
             # frame (it was tracked already), the newcomers only flagged in the conditioning channel.
             state = best
             record = state.frames[frame]
-            old_ids = state.obj_ids
             state.registry.add(list(obj_ids))
-            # the existing objects' masks take Meta's trip through the video resolution (bilinear up,
-            # argmax non-overlap over every object of the state, antialiased down)
-            all_low = np.stack([record.masks[o] for o in old_ids] + [init_low[i] for i in range(n)])
-            up = bilinear(all_low, h, w)
-            if cfg.non_overlap_masks_for_output:
-                up = apply_non_overlapping_constraints(up)
-            back = bilinear_antialias(up[:len(old_ids)], size, size)
-            for j, o in enumerate(old_ids):
-                record.masks[o] = back[j]
+            # the existing objects keep their propagated masks (Meta's consolidation falls back to their
+            # per-object outputs of the frame); the newcomers get their wiped video-resolution masks
             for i, o in enumerate(obj_ids):
                 record.masks[o] = wiped_low[i]
                 record.scores[o] = float(init_scores[i])
@@ -400,4 +393,4 @@ class Sam31Tracker:
         # removal score on the removal frame)
         frame_scores.update({int(o): float(p) for o, p in zip(trk_ids, _sigmoid(trk_scores))})
         stats = {"num_obj_tracked": int(meta.obj_ids.size), "num_obj_dropped": int(dropped)}
-        return FrameOut(frame, masks, unconfirmed, removed_ids, stats)
+        return FrameOut(frame, masks, unconfirmed, removed_ids, stats, dict(self.obj_id_to_score))
