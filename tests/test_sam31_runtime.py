@@ -46,11 +46,14 @@ def _load(bundle, doc):
     return sam3track.load(bundle, **options)
 
 
-def replay(bundle, doc, responses, stop_at_clicks=True):
+def replay(bundle, doc, responses, stop_before=None):
     """Meta's requests through sam3track's API: [(response record, FrameResult or None)] in order, and
-    the predictor (for its call counts). Stops before the first click request when stop_at_clicks."""
+    the predictor (for its call counts). Clicks: Meta's relative coordinates become video pixels.
+    Stops before the request tagged `stop_before`."""
     pred = _load(bundle, doc)
-    session = pred.start_session(_frames(doc))
+    frames = _frames(doc)
+    height, width = frames.shape[1:3]
+    session = pred.start_session(frames)
     groups = []
     for r in responses:
         if groups and r["request"]["type"] == "propagate_in_video" and groups[-1][0]["tag"] == r["tag"]:
@@ -60,11 +63,13 @@ def replay(bundle, doc, responses, stop_at_clicks=True):
     out = []
     for group in groups:
         q = group[0]["request"]
+        if group[0]["tag"] == stop_before:
+            break
         if q["type"] == "add_prompt" and "text" not in q:
-            if stop_at_clicks:
-                break
-            out.append((group[0], session.add_prompt(q["frame_index"], points=q["points"], labels=q["point_labels"],
-                                                     obj_id=q.get("obj_id"))))
+            points = [[x * width, y * height] for x, y in q["points"]]
+            out.append((group[0], session.add_prompt(q["frame_index"], points=points, labels=q["point_labels"],
+                                                     obj_id=q.get("obj_id"),
+                                                     clear_old_points=q.get("clear_old_points", True))))
         elif q["type"] == "add_prompt":
             out.append((group[0], session.add_prompt(q["frame_index"], text=q["text"])))
         elif q["type"] == "propagate_in_video":
@@ -125,29 +130,41 @@ def test_text_scenario_matches_meta(bundle, sam31_reference, name):
     assert_parity(stats)
 
 
-def test_remove_object_then_fetch_matches_meta(bundle, sam31_reference):
-    """4 objects, forward; remove_object between propagations; the next propagation re-plays the cached
-    frames without the removed object (Meta's propagation_fetch), every frame before and after."""
+def test_remove_object_then_fetch_then_click_matches_meta(bundle, sam31_reference):
+    """4 objects, forward; remove_object between propagations: the next propagation re-plays the cached
+    frames without the removed object (Meta's propagation_fetch); then a click adds an object on frame 5
+    (a singleton tracker state) and the next propagation tracks only that object (propagation_partial),
+    merged into the cached frames."""
     doc, responses = ref.load_scenario(sam31_reference.scenarios, "remove_object")
     pairs, _ = replay(bundle, doc, responses)
-    assert [r["tag"] for r, _ in pairs][-1] == "after_remove_forward"
+    assert len(pairs) == len(responses)
     stats = parity(pairs)
+    print(stats)
     assert_parity(stats)
-    victim = doc["context"]["removed_obj_id"] if "removed_obj_id" in doc.get("context", {}) else None
-    after = [m for r, m in pairs if r["tag"] == "after_remove_forward"]
-    if victim is not None:
-        assert all(victim not in m.object_ids for m in after)
+    (victim,) = [r["request"]["obj_id"] for r in responses if r["type"] == "remove_object"]
+    later = [m for r, m in pairs if m is not None and r["tag"] not in ("text", "forward")]
+    assert later and all(victim not in m.object_ids for m in later)
+
+
+def test_clicks_adding_an_object_match_meta(bundle, sam31_reference):
+    """3 objects from text, forward; a click adds an object on frame 2; forward from 2 tracks it alone."""
+    doc, responses = ref.load_scenario(sam31_reference.scenarios, "clicks")
+    pairs, _ = replay(bundle, doc, responses, stop_before="click_refine")
+    assert [r["tag"] for r, _ in pairs][-1] == "after_click_add"
+    stats = parity(pairs)
+    print(stats)
+    assert_parity(stats)
 
 
 @pytest.mark.xfail(strict=True, raises=Exception, reason=(
-    "clicks are not implemented for SAM 3.1 bundles: add_prompt(points=...) raises PromptError. Meta makes "
-    "a singleton tracker state per clicked object (extracting a refined detector-born object from its "
-    "bucket), tracks only the clicked objects afterwards (propagation_partial) and merges them into the "
-    "cached outputs; none of that is built yet"))
-@pytest.mark.parametrize("name", ["clicks", "remove_object"])
-def test_click_scenarios_match_meta(bundle, sam31_reference, name):
-    doc, responses = ref.load_scenario(sam31_reference.scenarios, name)
-    pairs, _ = replay(bundle, doc, responses, stop_at_clicks=False)
+    "refining a tracked object with clicks is not implemented for SAM 3.1 bundles (add_prompt raises "
+    "PromptError from the click_refine request on frame 4 on): Meta extracts a refined detector-born object "
+    "from its bucket into a singleton tracker state (its slot becomes a hole, the mates are renumbered), "
+    "refines it with the previous mask as a mask prompt on later clicks, and merges the singleton's results "
+    "back (_extract_object_for_interaction / _merge_singleton_interaction_result); none of that is built"))
+def test_clicks_refining_an_object_match_meta(bundle, sam31_reference):
+    doc, responses = ref.load_scenario(sam31_reference.scenarios, "clicks")
+    pairs, _ = replay(bundle, doc, responses)
     assert_parity(parity(pairs))
 
 
@@ -290,8 +307,10 @@ def test_bad_input_gets_one_clear_error(bundle, sam31_reference):
         session.add_prompt(5, text="bike")
     with pytest.raises(PromptError, match="text="):
         session.add_prompt(0, text="  ")
-    with pytest.raises(PromptError, match="clicks and boxes are not supported"):
-        session.add_prompt(0, points=[[1, 2]], labels=[1])
+    with pytest.raises(PromptError, match="boxes are not supported"):
+        session.add_prompt(0, boxes=[1, 2, 10, 12])
+    with pytest.raises(PromptError, match="outside"):
+        session.add_prompt(0, points=[[1000, 2]], labels=[1])
     with pytest.raises(ObjectIdError, match="not tracked"):
         session.remove_object(3)
     with pytest.raises(ArgumentError, match="direction"):

@@ -27,6 +27,7 @@ from ...errors import (ArgumentError, FrameIndexError, ObjectIdError, PromptErro
                        SessionClosedError, VideoError, shown)
 from ...postprocess import masks_to_boxes
 from ...results import FrameResult
+from .resize import bilinear
 from .tracker import FrameOut, Sam31Tracker
 
 DIRECTIONS = ("forward", "backward", "both")
@@ -126,7 +127,9 @@ class Sam31Session:
         self._check_idle("add_prompt() was called")
         self._check_frame(frame_index)
         if points is not None or boxes is not None or labels is not None:
-            raise PromptError("clicks and boxes are not supported for SAM 3.1 bundles yet; give text=")
+            if text is not None:
+                raise PromptError("give either text= or points= in one add_prompt call, not both")
+            return self._add_clicks(int(frame_index), points, labels, boxes, obj_id, clear_old_points)
         if not isinstance(text, str) or not text.strip():
             raise PromptError(f"add_prompt needs text= (a noun phrase such as 'bike'), not {shown(text)}")
         ids, _ = self.predictor.tokenizer(text.strip())
@@ -140,6 +143,46 @@ class Sam31Session:
         out = self._run(int(frame_index), reverse=False, round_levels=True)
         self.prompted_frames.add(int(frame_index))
         return self._postprocess(out.frame, out.masks, scores=out.scores)
+
+    def _add_clicks(self, frame: int, points, labels, boxes, obj_id, clear_old_points) -> FrameResult:
+        """Clicks that add a new object (Meta's add_sam2_new_points): a singleton tracker state, the
+        frame its conditioning frame; the result is the frame's cached result with the new mask."""
+        from ...interactive import parse_clicks
+
+        where = f"add_prompt on frame {frame}"
+        if boxes is not None:
+            raise PromptError(f"{where}: boxes are not supported for SAM 3.1 bundles yet; give points=")
+        h, w = self.source.height, self.source.width
+        click = parse_clicks(points, labels, None, h, w, where)
+        t = self.tracker
+        if obj_id is None:
+            obj_id = t.meta.max_obj_id + 1
+        elif not _is_int(obj_id) or obj_id < 0:
+            raise ObjectIdError(f"{where}: obj_id {shown(obj_id)} must be a whole number >= 0 (or None for a new "
+                                "object)")
+        obj_id = int(obj_id)
+        if obj_id in t.obj_ids:
+            raise PromptError(f"{where}: refining tracked object {obj_id} with clicks is not supported for SAM 3.1 "
+                              "bundles yet (Meta extracts it from its bucket into a singleton state); click with "
+                              "a new obj_id to add an object")
+        if len(t.obj_ids) >= self.config.max_num_objects:
+            raise PromptError(f"{where}: a new object {obj_id} would exceed max_num_objects="
+                              f"{self.config.max_num_objects}; remove an object first or load with a larger "
+                              "max_num_objects")
+        cfg = self.config
+        # Meta's points are relative coordinates times the model's image size
+        coords = (click.coords.astype(np.float64) / np.asarray([w, h])).astype(np.float32) * np.float32(cfg.image_size)
+        n = len(click.labels)
+        multimask = cfg.multimask_output_in_sam and cfg.multimask_min_pt_num <= n <= cfg.multimask_max_pt_num
+        px = pixel_values(self.source.read(frame), cfg)
+        features = t.encode(px, round_levels=False)  # Meta's batched-grounding features
+        mask = t.add_clicked_object(frame, features, obj_id, coords, click.labels.astype(np.int32), multimask)
+        self.history.append({"type": "add", "obj_ids": [obj_id], "frame_idx": frame})
+        self.prompted_frames.add(frame)
+        merged = dict(self.cached.get(frame, {}))
+        merged[obj_id] = mask
+        self.cached[frame] = merged
+        return self._postprocess(frame, merged, self.suppressed.get(frame, ()))
 
     def _run(self, frame: int, reverse: bool, round_levels: bool) -> FrameOut:
         px = pixel_values(self.source.read(frame), self.config)
@@ -202,21 +245,29 @@ class Sam31Session:
         end = min(start + limit, n - 1)
         return range(start, end + 1)
 
-    def _propagation_type(self) -> str:
-        """Meta's _parse_action_history_for_propagation, for the actions this session has (text
-        propagations and removals): "propagation_full" or "propagation_fetch"."""
+    def _propagation_type(self) -> tuple[str, list[int] | None]:
+        """Meta's _parse_action_history_for_propagation: ("propagation_full" | "propagation_partial" |
+        "propagation_fetch", the objects a partial propagation tracks)."""
         h = self.history
         if not h:
-            return "propagation_full"
+            return "propagation_full", None
         last = h[-1]
         if "propagation" in last["type"]:
             if last["type"] == "propagation_fetch":
-                return "propagation_fetch"
+                return "propagation_fetch", None
             if (len(h) > 1 and h[-2]["type"] in ("propagation_partial", "propagation_full")) or \
                     last["frame_idx"] in (0, self.num_frames - 1):
-                return "propagation_fetch"
-            return last["type"]
-        return "propagation_fetch"  # only removals since the last propagation (no adds or refines)
+                return "propagation_fetch", None
+            return last["type"], last.get("obj_ids")
+        obj_ids = []
+        for action in reversed(h):
+            if "propagation" in action["type"]:
+                break
+            if action["type"] in ("add", "refine"):
+                obj_ids.extend(action["obj_ids"])
+        if obj_ids:
+            return "propagation_partial", sorted(set(obj_ids))
+        return "propagation_fetch", None  # only removals since the last propagation
 
     def _propagate(self, passes, start: int, max_frames):
         self._check_idle("propagate() was called again")
@@ -224,13 +275,15 @@ class Sam31Session:
         self._running = token
         try:
             for reverse in passes:
-                kind = self._propagation_type()
-                self.history.append({"type": kind, "frame_idx": start})
+                kind, obj_ids = self._propagation_type()
+                self.history.append({"type": kind, "frame_idx": start, "obj_ids": obj_ids})
                 order = self._order(start, max_frames, reverse)
                 if kind == "propagation_fetch":
                     for frame in order:
                         self._check_open()
                         yield self._postprocess(frame, self.cached.get(frame, {}), self.suppressed.get(frame, ()))
+                elif kind == "propagation_partial":
+                    yield from self._partial_pass(order, reverse, obj_ids)
                 else:
                     yield from self._full_pass(order, reverse)
         finally:
@@ -269,6 +322,30 @@ class Sam31Session:
                     yield self._yield(item, reverse, unconfirmed)
         for item in pending:
             yield self._yield(item, reverse, unconfirmed)
+
+    def _partial_pass(self, order: range, reverse: bool, obj_ids: list[int]):
+        """Meta's propagation_partial: only the added (or refined) objects' states are tracked, each
+        frame yielded at once, their masks merged into the frame's cached result (a frame without one
+        yields nothing new: Meta's _build_sam2_output returns {} there). The merged tracker score is
+        the raw object-score logit, as Meta stores it."""
+        t, h, w = self.tracker, self.source.height, self.source.width
+        for frame in order:
+            self._check_open()
+            features = t.encode(pixel_values(self.source.read(frame), self.config), round_levels=False)
+            refined = t.propagate_objects(frame, reverse, self.num_frames, features, obj_ids)
+            scores = t.sam2_scores.setdefault(frame, {})
+            for o, (score, _) in refined.items():
+                scores[o] = score
+            if frame in self.cached:
+                merged = dict(self.cached[frame])
+                for o, (_, low) in refined.items():
+                    merged[o] = bilinear(low[None], h, w)[0] > 0
+            else:
+                merged = {}
+            hidden = self.suppressed.get(frame, ())
+            self.cached[frame] = {o: m for o, m in merged.items() if o not in hidden}
+            self.prompted_frames.add(frame)
+            yield self._postprocess(frame, merged, hidden)
 
     def _yield(self, out: FrameOut, reverse: bool, unconfirmed: dict[int, list[int]]) -> FrameResult:
         cfg = self.config

@@ -320,6 +320,69 @@ class Sam31Tracker:
                     self.memory.release_record(record)
         self.states = kept_states
 
+    # ------------------------------------------------------------------------------------ clicks
+    def add_clicked_object(self, frame: int, features: dict, obj_id: int, coords: np.ndarray, labels: np.ndarray,
+                           multimask: bool) -> np.ndarray:
+        """Meta's add_sam2_new_points for a new object: a new singleton tracker state (3.1: a clicked
+        object never joins an existing bucket; SAM 3 adds it to the one session state), the interactive
+        decoder on the memory-free interactive features, the frame a conditioning frame of that state.
+        Its stored mask takes Meta's trip through the video resolution (consolidation), and the memory is
+        encoded from it. Returns the click's mask at video resolution (bool [H, W])."""
+        cfg, b, mem = self.config, self.backend, self.memory
+        inter = self.interactive(features)
+        size = cfg.low_res_mask_size
+        out = b.run(self.graphs["interactive_decoder"], {
+            "interactive_feat_s0": inter["interactive_feat_s0"], "interactive_feat_s1": inter["interactive_feat_s1"],
+            "interactive_feat": inter["interactive_feat"], "point_coords": coords[None].astype(np.float32),
+            "point_labels": labels[None].astype(np.int32), "mask_prompt": np.zeros((1, 1, size, size), np.float32),
+            "use_mask_prompt": np.zeros(1, np.float32), "multimask": np.asarray([1.0 if multimask else 0.0], np.float32)})
+        low = b.to_host(out["low_res_masks"])[:, 0]
+        score = float(b.to_host(out["object_score_logits"])[0, 0])
+        pointer = b.to_host(out["object_pointer"])[0]
+        h, w = self.video_hw
+        video = bilinear(low, h, w)  # _get_orig_video_res_output (one object: no non-overlap)
+        state = TrackerState(BucketRegistry.for_objects([obj_id], cfg.multiplex_count))
+        rows = mem.pointers.allocate(1)
+        b.copy(b.upload(state.registry.pack({obj_id: pointer})), b.rows(mem.pointers.tensor, int(rows[0]), 1))
+        record = FrameRecord(cond=True, masks={obj_id: bilinear_antialias(video, size, size)[0]},
+                             scores={obj_id: score}, pointer_rows=[int(rows[0])], conditioning={obj_id},
+                             consolidated=True)
+        state.frames[frame] = record
+        self.states.append(state)
+        image = cfg.image_size
+        self._encode(features, [(state, record, {obj_id: bilinear(record.masks[obj_id][None], image, image)[0]})])
+        self.meta.append(np.asarray([obj_id], np.int64), frame, cfg.init_trk_keep_alive)
+        self.obj_id_to_score[obj_id] = 1.0  # Meta scores user-prompted objects 1.0
+        self.sam2_scores.setdefault(frame, {})[obj_id] = 1.0
+        return video[0] > 0
+
+    def propagate_objects(self, frame: int, reverse: bool, num_frames: int, features: dict,
+                          obj_ids: list[int]) -> dict[int, tuple[float, np.ndarray]]:
+        """Meta's propagation_partial step: only the states holding `obj_ids` are tracked, each
+        encoding its own memory right away (run_mem_encoder=True: the decoder's mask at 14F, its raw
+        object score, no conditioning flags, no non-overlap across states). Returns obj_id ->
+        (object score logit, low-res logits) for the objects asked for."""
+        wanted = set(obj_ids)
+        original = list(self.states)
+        states = [s for s in original if wanted & set(s.obj_ids)]
+        self.states = states
+        try:
+            fresh = {id(s) for s in states if not (frame in s.frames and s.frames[frame].consolidated)}
+            ids, masks, scores = self.propagate(frame, reverse, num_frames, features)
+        finally:
+            self.states = original
+        image = self.config.image_size
+        items = []
+        for state in states:
+            if id(state) not in fresh:
+                continue
+            record = state.frames[frame]
+            high = bilinear(np.stack([record.masks[o] for o in state.obj_ids]), image, image)
+            items.append((state, record, {o: high[i] for i, o in enumerate(state.obj_ids)}))
+        if items:
+            self._encode(features, items)
+        return {int(o): (float(s), m) for o, m, s in zip(ids, masks, scores) if int(o) in wanted}
+
     # ----------------------------------------------------------------------------------- a frame
     def step(self, frame: int, reverse: bool, num_frames: int, pixel_values: np.ndarray,
              round_levels: bool) -> FrameOut:
