@@ -77,7 +77,10 @@ class Bundle:
             raise BundleError(f"{path} holds no JSON object; export the bundle again")
         from .families import family_of
 
-        family = family_of(manifest)  # SAM 3 or SAM 3.1; any other family name is refused here
+        try:
+            family = family_of(manifest)  # SAM 3 or SAM 3.1; any other family name is refused here
+        except BundleError as exc:
+            raise BundleError(f"{path}: {exc}") from None
         version = manifest.get("format_version")
         if not isinstance(version, int) or isinstance(version, bool):
             raise BundleError(f"{path} has format_version {version!r}, not a whole number; this sam3track reads "

@@ -361,3 +361,28 @@ def test_removal_changes_what_bucket_mates_attend_to(bundle, sam31_reference):
     rows = [state.frames[f].pointer_rows[0] for f, _ in sel.pointers]
     held = b.to_host(session.tracker.memory.pointers.tensor, np.asarray(rows))
     assert np.abs(held[:, 1]).sum() > 0
+
+
+def test_a_bad_sam31_manifest_is_refused_naming_the_key(bundle, tmp_path):
+    import json
+    import shutil
+
+    import sam3track
+    from sam3track.errors import BundleError
+
+    copy = tmp_path / "b"
+    shutil.copytree(bundle, copy)
+    path = copy / "manifest.json"
+    manifest = json.loads(path.read_text())
+    path.write_text(json.dumps({**manifest, "family": "sam9"}))
+    with pytest.raises(BundleError, match="names model family 'sam9'"):
+        sam3track.load(copy)
+    broken = json.loads(json.dumps(manifest))
+    del broken["config"]["heuristics"]["hotstart_delay"]
+    path.write_text(json.dumps(broken))
+    with pytest.raises(BundleError, match="no config.heuristics.hotstart_delay"):
+        sam3track.load(copy)
+    path.write_text(json.dumps(manifest))
+    (copy / "mask_init.onnx").unlink()
+    with pytest.raises(BundleError, match="graph mask_init is missing"):
+        sam3track.load(copy)
