@@ -70,6 +70,7 @@ class Sam31Tracker:
         self.obj_id_to_score: dict[int, float] = {}
         self.sam2_scores: dict[int, dict[int, float]] = {}  # frame -> obj_id -> tracker probability
         self.text = None  # (features host [1, T, D], mask int32 [1, T])
+        self._warned = False
 
     @property
     def obj_ids(self) -> list[int]:
@@ -395,8 +396,17 @@ class Sam31Tracker:
         # ---- 3. planning
         assoc = H.associate(det, trk_masks, cfg)
         to_remove = H.hotstart(frame, reverse, assoc, meta, cfg)
-        # Reconditioning (every recondition_every_nth_frame frames, detections scoring >= 0.8 that
-        # match one track) is not implemented: see the module docstring of session.py.
+        # Reconditioning (every recondition_every_nth_frame frames, a detection scoring >= 0.8 that
+        # matches one track unambiguously) is not implemented: warn where Meta would recondition, since
+        # the results differ from Meta's from that frame on.
+        n = cfg.recondition_every_nth_frame
+        if n > 0 and frame % n == 0 and trk_ids.size and assoc.det_high_conf_and_iou.any() and not self._warned:
+            import warnings
+
+            warnings.warn(f"frame {frame}: Meta's SAM 3.1 would recondition tracks on high-confidence detections "
+                          "here; sam3track does not implement reconditioning yet, so results can differ from "
+                          "Meta's from this frame on", RuntimeWarning, stacklevel=2)
+            self._warned = True
         if trk_ids.size:
             if cfg.suppress_overlapping_based_on_recent_occlusion_threshold > 0.0:
                 last = np.where(to_remove, H.ALWAYS_OCCLUDED, meta.last_occluded)
