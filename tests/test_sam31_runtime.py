@@ -61,6 +61,7 @@ def replay(bundle, doc, responses, stop_before=None):
         else:
             groups.append([r])
     out = []
+    replay.session = session
     for group in groups:
         q = group[0]["request"]
         if group[0]["tag"] == stop_before:
@@ -109,6 +110,41 @@ def parity(pairs) -> dict:
                 iou_min=float(np.min(ious)) if ious else 1.0, score_diff=max(dps, default=0.0))
 
 
+def internals(session) -> list[dict]:
+    """The session's tracker states in the layout of the scenario JSON's ``internals`` snapshots:
+    buckets as state-local object indices (-1 empty, -1116 a removed hole), conditioning frames with
+    their conditioning objects, and the objects flagged on non-conditioning frames."""
+    from sam3track.families.sam31.buckets import EMPTY, REMOVED
+
+    out = []
+    for state in session.tracker.states:
+        index = {o: i for i, o in enumerate(state.obj_ids)}
+        buckets = [[-1 if o == EMPTY else -1116 if o == REMOVED else index[o] for o in row]
+                   for row in state.registry.slots]
+        cond = {str(f): sorted(index[o] for o in r.conditioning) for f, r in sorted(state.frames.items()) if r.cond}
+        flagged = {str(f): sorted(index[o] for o in r.conditioning) for f, r in sorted(state.frames.items())
+                   if not r.cond and r.conditioning}
+        out.append({"buckets": buckets, "cond_frames": cond, "non_cond_frames_conditioning_objects": flagged})
+    return out
+
+
+def assert_same_states(session, doc, after_removal=False):
+    """Buckets, slots, conditioning frames and flags of every tracker state equal Meta's at the end.
+
+    after_removal: Meta keeps, per stored frame, the object-index map of when the frame was first
+    stored; objects born later into that (conditioning) frame are missing from it, so a removal drops
+    their masks and conditioning flags there (remove_objects' _slice_state). sam3track keeps them (a
+    later re-tracking of that frame needs them; Meta's would hit mismatched sizes), so there only the
+    conditioning frames themselves are compared, not their flag lists."""
+    want = [{k: s[k] for k in ("buckets", "cond_frames", "non_cond_frames_conditioning_objects")}
+            for s in doc["internals"][-1]["tracker_states"]]
+    got = internals(session)
+    if after_removal:
+        for state in want + got:
+            state["cond_frames"] = sorted(state["cond_frames"])
+    assert got == want
+
+
 def assert_parity(stats):
     assert stats["ids_equal"] == stats["frames"] and not stats["bad_ids"], stats["bad_ids"][:3]
     assert stats["iou_mean"] >= IOU_MEAN and stats["iou_min"] >= IOU_MIN, stats
@@ -128,6 +164,7 @@ def test_text_scenario_matches_meta(bundle, sam31_reference, name):
     stats = parity(pairs)
     print(name, stats)
     assert_parity(stats)
+    assert_same_states(replay.session, doc)
 
 
 def test_remove_object_then_fetch_then_click_matches_meta(bundle, sam31_reference):
@@ -141,6 +178,7 @@ def test_remove_object_then_fetch_then_click_matches_meta(bundle, sam31_referenc
     stats = parity(pairs)
     print(stats)
     assert_parity(stats)
+    assert_same_states(replay.session, doc, after_removal=True)
     (victim,) = [r["request"]["obj_id"] for r in responses if r["type"] == "remove_object"]
     later = [m for r, m in pairs if m is not None and r["tag"] not in ("text", "forward")]
     assert later and all(victim not in m.object_ids for m in later)

@@ -113,6 +113,16 @@ class Sam31Session:
     def object_ids(self) -> list[int]:
         return self.tracker.obj_ids
 
+    def frame(self, index: int) -> np.ndarray:
+        """RGB frame `index` of the session's video."""
+        self._check_open()
+        self._check_frame(index)
+        return self.source.read(index)
+
+    def run_frame(self, frame_index: int):
+        raise PromptError("run_frame() is not available for SAM 3.1 bundles: a text add_prompt already runs its "
+                          "frame and returns its result, as Meta's predictor does")
+
     def _check_frame(self, index, what: str = "frame index") -> None:
         n = self.num_frames
         if not _is_int(index) or not 0 <= index < n:
@@ -228,22 +238,22 @@ class Sam31Session:
                 raise PromptError("no prompt in this session; call session.add_prompt(frame_index, text=...) first")
             start_frame = min(self.prompted_frames)
         self._check_frame(start_frame, "start_frame")
-        if max_frames is not None and (not _is_int(max_frames) or max_frames < 0):
-            raise ArgumentError(f"max_frames must be a whole number >= 0 or None, not {shown(max_frames)}")
+        if max_frames is not None and (not _is_int(max_frames) or max_frames < 1):
+            raise ArgumentError(f"max_frames must be a whole number >= 1 or None, not {shown(max_frames)}")
         if not self.prompted_frames:
             raise PromptError("no prompt in this session; call session.add_prompt(frame_index, text=...) first")
         passes = [False, True] if direction == "both" else [direction == "backward"]
         return self._propagate(passes, int(start_frame), max_frames)
 
     def _order(self, start: int, max_frames, reverse: bool) -> range:
-        """Meta's _get_processing_order (inclusive end, backward starts at start - 1)."""
+        """Meta's _get_processing_order (backward starts at start - 1), with max_frames counting the
+        frames tracked, as everywhere in sam3track (Meta's max_frame_num_to_track counts one more)."""
         n = self.num_frames
-        limit = n if max_frames is None else max_frames
         if reverse:
-            end = max(start - limit, 0)
-            return range(start - 1, end - 1, -1)
-        end = min(start + limit, n - 1)
-        return range(start, end + 1)
+            stop = -1 if max_frames is None else max(start - 1 - max_frames, -1)
+            return range(start - 1, stop, -1)
+        stop = n if max_frames is None else min(start + max_frames, n)
+        return range(start, stop)
 
     def _propagation_type(self) -> tuple[str, list[int] | None]:
         """Meta's _parse_action_history_for_propagation: ("propagation_full" | "propagation_partial" |
