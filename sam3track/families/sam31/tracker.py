@@ -37,6 +37,27 @@ def _sigmoid(x):
 
 
 @dataclass
+class Tracked:
+    """The propagation phase's result: every tracked object, sorted by id."""
+
+    obj_ids: np.ndarray  # int64 [M]
+    masks: np.ndarray  # float32 [M, L, L] low-res logits
+    scores: np.ndarray  # float32 [M] object score logits
+
+
+@dataclass
+class FramePlan:
+    """The planning phase's decisions for one frame (SAM 3: planning.FramePlan)."""
+
+    track_masks: np.ndarray  # the tracked objects' logits after occlusion suppression
+    new_inds: np.ndarray  # detections that become objects, in id order
+    new_ids: np.ndarray
+    removed_ids: set[int]  # removed by the hotstart rule
+    unconfirmed: list[int]
+    dropped: int  # new detections over max_num_objects
+
+
+@dataclass
 class FrameOut:
     """One frame's output before post-processing (Meta's _run_single_frame_inference result)."""
 
@@ -387,37 +408,46 @@ class Sam31Tracker:
     # ----------------------------------------------------------------------------------- a frame
     def step(self, frame: int, reverse: bool, num_frames: int, pixel_values: np.ndarray,
              round_levels: bool) -> FrameOut:
-        cfg, meta = self.config, self.meta
-        features = self.encode(pixel_values, round_levels)
+        """One frame through the phases (SAM 3's frame_loop.FrameLoop.step has the same five)."""
+        features = self.encode(pixel_values, round_levels)  # 1. backbone and grounding
         det = self.detect(features)
-        trk_ids, trk_masks, trk_scores = self.propagate(frame, reverse, num_frames, features)
+        tracked = Tracked(*self.propagate(frame, reverse, num_frames, features))  # 2. propagation
+        assert np.array_equal(tracked.obj_ids, self.meta.obj_ids), (tracked.obj_ids, self.meta.obj_ids)
+        plan = self.plan(frame, reverse, features, det, tracked)  # 3. planning (memories included)
+        self.execute(frame, features, det, plan)  # 4. execution
+        return self.outputs(frame, det, tracked, plan)  # 5. outputs
+
+    def plan(self, frame: int, reverse: bool, features: dict, det: H.Detections, tracked: "Tracked") -> "FramePlan":
+        """Meta's run_tracker_update_planning_phase: IoM association, hotstart, occlusion suppression,
+        the memories of the tracked objects (3.1 encodes them here, before births), the new objects
+        under the cap, and the metadata (removed rows out, new rows appended, confirmation)."""
+        cfg, meta = self.config, self.meta
         prev_ids = meta.obj_ids.copy()
-        assert np.array_equal(trk_ids, prev_ids), (trk_ids, prev_ids)
-        # ---- 3. planning
-        assoc = H.associate(det, trk_masks, cfg)
+        assoc = H.associate(det, tracked.masks, cfg)
         to_remove = H.hotstart(frame, reverse, assoc, meta, cfg)
         # Reconditioning (every recondition_every_nth_frame frames, a detection scoring >= 0.8 that
         # matches one track unambiguously) is not implemented: warn where Meta would recondition, since
         # the results differ from Meta's from that frame on.
         n = cfg.recondition_every_nth_frame
-        if n > 0 and frame % n == 0 and trk_ids.size and assoc.det_high_conf_and_iou.any() and not self._warned:
+        if n > 0 and frame % n == 0 and prev_ids.size and assoc.det_high_conf_and_iou.any() and not self._warned:
             import warnings
 
             warnings.warn(f"frame {frame}: Meta's SAM 3.1 would recondition tracks on high-confidence detections "
                           "here; sam3track does not implement reconditioning yet, so results can differ from "
-                          "Meta's from this frame on", RuntimeWarning, stacklevel=2)
+                          "Meta's from this frame on", RuntimeWarning, stacklevel=3)
             self._warned = True
-        if trk_ids.size:
+        trk_masks = tracked.masks
+        if prev_ids.size:
             if cfg.suppress_overlapping_based_on_recent_occlusion_threshold > 0.0:
                 last = np.where(to_remove, H.ALWAYS_OCCLUDED, meta.last_occluded)
                 binary = trk_masks > 0
                 suppress = objects_to_suppress_by_recent_occlusion(
                     binary, last, cfg.suppress_overlapping_based_on_recent_occlusion_threshold, reverse) \
-                    if trk_ids.size > 1 else np.zeros(trk_ids.size, bool)
-                occluded = ~binary.reshape(trk_ids.size, -1).any(1) | suppress
+                    if prev_ids.size > 1 else np.zeros(prev_ids.size, bool)
+                occluded = ~binary.reshape(prev_ids.size, -1).any(1) | suppress
                 meta.last_occluded = np.where(occluded, frame, last)
                 trk_masks = np.where(suppress[:, None, None], np.float32(-10.0), trk_masks)
-            self.update_memories(frame, features, trk_ids, trk_masks)
+            self.update_memories(frame, features, tracked.obj_ids, trk_masks)
         new_inds = np.flatnonzero(assoc.is_new_det)
         dropped = 0
         if prev_ids.size + new_inds.size > cfg.max_num_objects:
@@ -448,22 +478,30 @@ class Sam31Tracker:
                 hit.update(int(o) for o in ids)
             H.update_confirmation(meta, prev_ids, prev_status, prev_consecutive, hit, cfg)
             unconfirmed = [int(o) for o in meta.obj_ids[meta.status == H.UNCONFIRMED]]
-        # ---- 4. execution
-        if new_ids.size:
-            self.add_objects(frame, features, [int(o) for o in new_ids], det.masks[new_inds])
-        if removed_ids:
-            self.remove_objects(removed_ids)
-        # ---- 5. outputs: existing tracks (after occlusion suppression) and the new objects' detections
+        return FramePlan(trk_masks, new_inds, new_ids, removed_ids, unconfirmed, dropped)
+
+    def execute(self, frame: int, features: dict, det: H.Detections, plan: "FramePlan") -> None:
+        """Meta's run_tracker_update_execution_phase: births (all of the frame's in one state), then
+        removals."""
+        if plan.new_ids.size:
+            self.add_objects(frame, features, [int(o) for o in plan.new_ids], det.masks[plan.new_inds])
+        if plan.removed_ids:
+            self.remove_objects(plan.removed_ids)
+
+    def outputs(self, frame: int, det: H.Detections, tracked: "Tracked", plan: "FramePlan") -> FrameOut:
+        """Meta's build_outputs: the tracked objects (after occlusion suppression; removed ones
+        included on their removal frame) and the new objects' detections, at video resolution."""
         h, w = self.video_hw
         masks = {}
-        if trk_ids.size:
-            video = bilinear(trk_masks, h, w) > 0
-            masks.update({int(o): video[i] for i, o in enumerate(trk_ids)})
-        if new_ids.size:
-            video = bilinear(det.masks[new_inds], h, w) > 0
-            masks.update({int(o): video[i] for i, o in enumerate(new_ids)})
+        if tracked.obj_ids.size:
+            video = bilinear(plan.track_masks, h, w) > 0
+            masks.update({int(o): video[i] for i, o in enumerate(tracked.obj_ids)})
+        if plan.new_ids.size:
+            video = bilinear(det.masks[plan.new_inds], h, w) > 0
+            masks.update({int(o): video[i] for i, o in enumerate(plan.new_ids)})
         # tracker probabilities of the tracked objects (set last, as Meta does: they override the
         # removal score on the removal frame)
-        frame_scores.update({int(o): float(p) for o, p in zip(trk_ids, _sigmoid(trk_scores))})
-        stats = {"num_obj_tracked": int(meta.obj_ids.size), "num_obj_dropped": int(dropped)}
-        return FrameOut(frame, masks, unconfirmed, removed_ids, stats, dict(self.obj_id_to_score))
+        self.sam2_scores.setdefault(frame, {}).update(
+            {int(o): float(p) for o, p in zip(tracked.obj_ids, _sigmoid(tracked.scores))})
+        stats = {"num_obj_tracked": int(self.meta.obj_ids.size), "num_obj_dropped": int(plan.dropped)}
+        return FrameOut(frame, masks, plan.unconfirmed, plan.removed_ids, stats, dict(self.obj_id_to_score))
