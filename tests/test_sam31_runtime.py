@@ -399,6 +399,8 @@ def test_removal_changes_what_bucket_mates_attend_to(bundle, sam31_reference):
     rows = [state.frames[f].pointer_rows[0] for f, _ in sel.pointers]
     held = b.to_host(session.tracker.memory.pointers.tensor, np.asarray(rows))
     assert np.abs(held[:, 1]).sum() > 0
+    session.close()
+    assert b.live_allocations == 0  # the pools and every staged upload are freed
 
 
 def test_a_bad_sam31_manifest_is_refused_naming_the_key(bundle, tmp_path):

@@ -184,8 +184,17 @@ class MultiplexMemory:
         for o, p in pointers.items():
             bk, s = where[o]
             host[bk, s] = p
-        for i, r in enumerate(rows):
-            b.copy(b.upload(host[i:i + 1]), b.rows(self.pointers.tensor, int(r), 1))
+        self.write_pointer_rows(rows, host)
+
+    def write_pointer_rows(self, rows, host: np.ndarray) -> None:
+        """pointer_pool[rows[i]] = host[i] (one upload, then device copies; the upload is freed)."""
+        b = self.backend
+        staged = b.upload(np.ascontiguousarray(host, np.float32))
+        try:
+            for i, r in enumerate(rows):
+                b.copy(b.rows(staged, i, 1), b.rows(self.pointers.tensor, int(r), 1))
+        finally:
+            b.free(staged)
 
     def close(self) -> None:
         for pool in (self.memories, self.images, self.pointers):

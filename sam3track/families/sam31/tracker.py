@@ -275,8 +275,7 @@ class Sam31Tracker:
             reg = state.registry
             rows = mem.pointers.allocate(reg.num_buckets)
             packed = reg.pack({o: pointers[i] for i, o in enumerate(obj_ids)})
-            for bk, r in enumerate(rows):
-                b.copy(b.upload(packed[bk:bk + 1]), b.rows(mem.pointers.tensor, int(r), 1))
+            mem.write_pointer_rows(rows, packed)
             record = FrameRecord(cond=True, masks={o: wiped_low[i] for i, o in enumerate(obj_ids)},
                                  scores={o: float(init_scores[i]) for i, o in enumerate(obj_ids)},
                                  pointer_rows=[int(r) for r in rows], conditioning=set(obj_ids), consolidated=True)
@@ -365,7 +364,7 @@ class Sam31Tracker:
         video = bilinear(low, h, w)  # _get_orig_video_res_output (one object: no non-overlap)
         state = TrackerState(BucketRegistry.for_objects([obj_id], cfg.multiplex_count))
         rows = mem.pointers.allocate(1)
-        b.copy(b.upload(state.registry.pack({obj_id: pointer})), b.rows(mem.pointers.tensor, int(rows[0]), 1))
+        mem.write_pointer_rows(rows, state.registry.pack({obj_id: pointer}))
         record = FrameRecord(cond=True, masks={obj_id: bilinear_antialias(video, size, size)[0]},
                              scores={obj_id: score}, pointer_rows=[int(rows[0])], conditioning={obj_id},
                              consolidated=True)
