@@ -18,8 +18,8 @@ from .errors import BundleError
 # 2: graph inputs are int32 / float32 (no int64 or bool); 3: interactive_decoder, memory_encoder's
 # via_image, the tracker's multimask settings (older bundles lack them: export again)
 SUPPORTED_FORMAT = 3
-# manifest "family": absent or "sam3" for the SAM 3 bundles the runtime runs; "sam3.1" is exported
-# (graphs/sam31/) but has no runtime yet
+# manifest "family": absent or "sam3" for SAM 3 bundles, "sam3.1" for SAM 3.1 (graphs/sam31/); what each
+# needs is sam3track.families
 SAM3, SAM31 = "sam3", "sam3.1"
 OM_MANIFEST = "om_manifest.json"  # written by `python -m om.convert` next to manifest.json
 SUPPORTED_OM_FORMAT = 1
@@ -75,12 +75,12 @@ class Bundle:
             raise BundleError(f"{path} is not valid JSON ({exc}); export the bundle again") from exc
         if not isinstance(manifest, dict):
             raise BundleError(f"{path} holds no JSON object; export the bundle again")
-        family = manifest.get("family", SAM3)
-        if family != SAM3:
-            if family == SAM31:
-                raise BundleError(f"{root} is a SAM 3.1 bundle; SAM 3.1 bundles are not runnable yet (this sam3track "
-                                  "runs SAM 3 bundles: python -m graphs.export --checkpoint SNAPSHOT)")
-            raise BundleError(f"{path} names model family {family!r}; this sam3track runs {SAM3!r} bundles")
+        from .families import family_of
+
+        try:
+            family = family_of(manifest)  # SAM 3 or SAM 3.1; any other family name is refused here
+        except BundleError as exc:
+            raise BundleError(f"{path}: {exc}") from None
         version = manifest.get("format_version")
         if not isinstance(version, int) or isinstance(version, bool):
             raise BundleError(f"{path} has format_version {version!r}, not a whole number; this sam3track reads "
@@ -91,14 +91,14 @@ class Bundle:
         if version < SUPPORTED_FORMAT:
             raise BundleError(f"{root} has bundle format {version}, older than this sam3track reads "
                               f"({SUPPORTED_FORMAT}); export the bundle again with this version")
-        for key in REQUIRED_KEYS:
+        for key in family.required_keys:
             if _lookup(manifest, key) is None:
                 raise BundleError(f"{path} has no {'.'.join(key)}; the manifest is incomplete: export the bundle again")
         graphs = manifest.get("graphs")
         if not isinstance(graphs, dict):
             raise BundleError(f"{path} lists no graphs; export the bundle again")
         bundle = cls(root, manifest)
-        for name in REQUIRED_GRAPHS:
+        for name in family.required_graphs:
             entry = graphs.get(name)
             if not isinstance(entry, dict) or not all(k in entry for k in ("file", "sha256", "inputs", "outputs")):
                 raise BundleError(f"{path} lists no complete graph {name!r} (file, sha256, inputs, outputs); "
@@ -108,7 +108,8 @@ class Bundle:
                     raise BundleError(f"graph {name} is missing: {root / file} does not exist; export the bundle again")
         if not (root / manifest["tokenizer"]["dir"] / "tokenizer.json").is_file():
             raise BundleError(f"{root} has no tokenizer/tokenizer.json; export the bundle again")
-        bundle.check_geometry()
+        if family.check_geometry:  # SAM 3's geometry keys; a SAM 3.1 manifest describes its graphs otherwise
+            bundle.check_geometry()
         if verify:
             bundle.verify()
         return bundle
@@ -181,7 +182,8 @@ class Bundle:
                     if isinstance(a, int) and isinstance(b, int) and a != b:
                         raise BundleError(f"graph {name} in {self.graph_path(name)}: {t['name']} has size {a} on "
                                           f"axis {axis}, the manifest says {b}; export the bundle again")
-        self._compare(actual, "the graph files")
+        if self.family.check_geometry:
+            self._compare(actual, "the graph files")
 
     def _compare(self, shapes: dict, where: str) -> None:
         for (graph, tensor), axes in self.expected_dims().items():
@@ -194,6 +196,12 @@ class Bundle:
                     raise BundleError(f"{self.root / 'manifest.json'}: its geometry gives {graph}.{tensor} size {size} "
                                       f"on axis {axis}, but {where} give {have}; the manifest does not describe these "
                                       "graphs: export the bundle again")
+
+    @property
+    def family(self):
+        from .families import family_of
+
+        return family_of(self.manifest)
 
     def graph_path(self, name: str) -> Path:
         return self.root / self.manifest["graphs"][name]["file"]

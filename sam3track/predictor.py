@@ -59,13 +59,14 @@ class Predictor:
             raise BundleError(f"load() takes the path of a bundle directory, not {type(bundle_dir).__name__}; "
                               "export one with python -m graphs.export")
         bundle = Bundle.open(Path(bundle_dir), verify=verify)
-        config = TrackerConfig.from_manifest(bundle.manifest, **config_overrides)
+        config = bundle.family.config_from_manifest(bundle.manifest, **config_overrides)
         options = {"threads": threads} if threads is not None else {}
         if precision is not None:
             options["precision"] = precision
         if shapes is not None:
             options["shapes"] = shapes
-        if gears is None and backend in ("onnxruntime", "ort") and str(device).startswith("cann"):
+        if gears is None and backend in ("onnxruntime", "ort") and str(device).startswith("cann") \
+                and isinstance(config, TrackerConfig):
             gears = default_gears(config)  # CANN compiles every new shape again: a few planned ones
         if gears is not None:
             options["gears"] = gears
@@ -93,7 +94,7 @@ class Predictor:
                 if owned:
                     source.close()
                 raise
-        session = Session(self, source, owns_source=owned)
+        session = self.bundle.family.session_class()(self, source, owns_source=owned)
         self._sessions.add(session)
         return session
 

@@ -356,9 +356,11 @@ def test_info_shows_the_family(bundle, capsys):
     assert "family          sam3.1" in capsys.readouterr().out
 
 
-def test_the_sam3_runtime_refuses_a_sam31_bundle(bundle):
+def test_the_runtime_loads_a_sam31_bundle(bundle):
+    """SAM 3.1 bundles load through the same API (their runtime: sam3track/families/sam31, tested in
+    test_sam31_runtime.py); the family is chosen once from the manifest."""
     import sam3track
-    from sam3track.errors import BundleError
+    from sam3track.families.sam31.config import Sam31Config
 
-    with pytest.raises(BundleError, match="SAM 3.1 bundles are not runnable yet"):
-        sam3track.load(bundle)
+    with sam3track.load(bundle) as pred:
+        assert isinstance(pred.config, Sam31Config) and pred.bundle.family.name == "sam3.1"

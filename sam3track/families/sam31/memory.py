@@ -1,0 +1,234 @@
+"""The multiplex memory bank: per-bucket memories, per-frame image features and per-bucket pointers in
+device pools, and Meta's rules for which stored frames a propagation step reads.
+
+SAM 3 differs here (sam3track/memory_bank.py): there every object owns its memories and pointers. In
+3.1 a tracker state (TrackerState) owns, per stored frame, ONE memory map and ONE row of 16 slot
+pointers per bucket, shared by the bucket's objects; so removing an object changes what its
+bucket-mates attend to (its past memories still contain it; its slot pointer turns 0 from then on;
+its slot decodes as invalid). The pools hold rows:
+
+- memory_pool [HW, C]: one bucket's memory of one frame (bf16-rounded by the memory_encoder graph);
+- image_pool [HW, C]: the propagation features (level 2) of one frame, stored with its memories
+  (Meta's save_image_features), shared by the states encoded in the same call (reference counted);
+- pointer_pool [K, C]: one bucket's 16 slot pointers of one frame (0 in empty slots).
+
+The selection (`select`) is Meta's _prepare_memory_conditioned_features for this configuration, the
+same contract graphs/sam31/tracker_check.meta_memory_selection documents for the propagation_decoder.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ...backends import Backend, DeviceTensor
+from ...memory_bank import ZERO_ROW, DevicePool
+from .buckets import BucketRegistry
+
+
+class GrowingPool(DevicePool):
+    """A DevicePool that doubles its capacity (one device copy of the used rows) instead of failing:
+    the reference keeps every frame's memories, and so does this runtime for now."""
+
+    def allocate(self, count: int) -> np.ndarray:
+        while int(self.free.sum()) < count:
+            self._grow()
+        return super().allocate(count)
+
+    def _grow(self) -> None:
+        old = self.capacity
+        bigger = self.backend.zeros((2 * old,) + self.row_shape, self.dtype)
+        self.backend.copy(self.tensor, self.backend.rows(bigger, 0, old))
+        self._replace(bigger)
+        self.free = np.concatenate([self.free, np.ones(old, bool)])
+
+
+@dataclass
+class FrameRecord:
+    """What one tracker state stores for one frame (Meta's output_dict[cond|non_cond][frame])."""
+
+    cond: bool
+    masks: dict[int, np.ndarray]  # obj_id -> low-res logits [L, L] (pred_masks)
+    scores: dict[int, float]  # obj_id -> object score logit
+    pointer_rows: list[int]  # per bucket, rows of the pointer pool
+    conditioning: set[int] = field(default_factory=set)  # objects flagged in the conditioning channel
+    memory_rows: list[int] | None = None  # per bucket, once encoded
+    image_row: int | None = None
+    consolidated: bool = False  # a birth / prompt frame: revisiting it reuses this record
+
+
+@dataclass
+class TrackerState:
+    """One of Meta's sam2_inference_states: a bucket registry and its frames."""
+
+    registry: BucketRegistry
+    frames: dict[int, FrameRecord] = field(default_factory=dict)
+    tracked: dict[int, bool] = field(default_factory=dict)  # frame -> reverse (frames_already_tracked)
+
+    @property
+    def obj_ids(self) -> list[int]:
+        return self.registry.obj_ids
+
+
+@dataclass
+class Selection:
+    memories: list[tuple[int, int]]  # (frame, temporal slot)
+    pointers: list[tuple[int, int]]  # (frame, distance)
+    scale: int  # pointer offset = distance / scale
+
+
+def select(frame: int, state: TrackerState, num_frames: int, reverse: bool, num_maskmem: int, max_cond: int,
+           max_pointers: int) -> Selection:
+    """Meta's memory selection for one propagation step of `state` at `frame` (tpos v2 for
+    conditioning frames, pointers of future conditioning frames included, stride 1)."""
+    cond = sorted(f for f, r in state.frames.items() if r.cond and f != frame)
+    non_cond = {f for f, r in state.frames.items() if not r.cond and f != frame}
+    if len(cond) <= max_cond:
+        selected = list(cond)
+    else:  # select_closest_cond_frames: closest before, closest at or after, then the nearest
+        selected = []
+        before = [t for t in cond if t < frame]
+        after = [t for t in cond if t >= frame]
+        if before:
+            selected.append(max(before))
+        if after:
+            selected.append(min(after))
+        rest = sorted((t for t in cond if t not in selected), key=lambda t: abs(t - frame))
+        selected += rest[:max_cond - len(selected)]
+    unselected = {t for t in cond if t not in selected}
+    sign = -1 if reverse else 1
+    memories = []
+    for t in selected:
+        t_pos = (frame - t) * sign
+        # 3.1's tpos v2: a conditioning frame 1..6 frames back gets the distance slot (SAM 3: always the last)
+        memories.append((t, num_maskmem - 1 - t_pos if 1 <= t_pos < num_maskmem else num_maskmem - 1))
+    for t_pos in range(1, num_maskmem):
+        d = num_maskmem - t_pos
+        t = frame + d if reverse else frame - d
+        if t in non_cond or t in unselected:
+            memories.append((t, d - 1))
+    window = min(num_frames, max_pointers)
+    pointers = [(t, abs(frame - t)) for t in selected]
+    for d in range(1, window):
+        t = frame + d if reverse else frame - d
+        if t < 0 or t >= num_frames:
+            break
+        if t in non_cond or t in unselected:
+            pointers.append((t, d))
+    return Selection(memories, pointers, window - 1)
+
+
+class MultiplexMemory:
+    """The three device pools and the reference counts of image rows."""
+
+    def __init__(self, backend: Backend, hw: int, channels: int, slots: int, rows: int = 64):
+        self.backend = backend
+        self.memories = GrowingPool(backend, (hw, channels), rows, name="memory pool")
+        self.images = GrowingPool(backend, (hw, channels), max(rows // 4, 4), name="image pool")
+        self.pointers = GrowingPool(backend, (slots, channels), rows, name="pointer pool")
+        self._image_refs: dict[int, int] = {}
+
+    # ------------------------------------------------------------------------------ images
+    def new_image_row(self, features: DeviceTensor) -> int:
+        row = int(self.images.allocate(1)[0])
+        self.backend.copy(features, self.backend.rows(self.images.tensor, row, 1))
+        self._image_refs[row] = 0
+        return row
+
+    def hold_image(self, record: FrameRecord, row: int) -> None:
+        self.release_image(record)
+        record.image_row = row
+        self._image_refs[row] += 1
+
+    def release_image(self, record: FrameRecord) -> None:
+        row = record.image_row
+        if row is None:
+            return
+        record.image_row = None
+        self._image_refs[row] -= 1
+        if self._image_refs[row] <= 0:
+            del self._image_refs[row]
+            self.images.release([row])
+
+    def drop_unreferenced_image(self, row: int) -> None:
+        if self._image_refs.get(row) == 0:
+            del self._image_refs[row]
+            self.images.release([row])
+
+    # ------------------------------------------------------------------------------ records
+    def release_record(self, record: FrameRecord) -> None:
+        self.pointers.release(record.pointer_rows)
+        if record.memory_rows is not None:
+            self.memories.release(record.memory_rows)
+        self.release_image(record)
+
+    def keep_buckets(self, state: TrackerState, keep: list[int]) -> None:
+        """Slice every stored frame of `state` to the buckets kept (Meta's remove_objects slices
+        maskmem_features and obj_ptr at bucket granularity only)."""
+        for record in state.frames.values():
+            gone = [r for b, r in enumerate(record.pointer_rows) if b not in keep]
+            self.pointers.release(gone)
+            record.pointer_rows = [record.pointer_rows[b] for b in keep]
+            if record.memory_rows is not None:
+                self.memories.release([r for b, r in enumerate(record.memory_rows) if b not in keep])
+                record.memory_rows = [record.memory_rows[b] for b in keep]
+
+    def set_pointer_slots(self, record: FrameRecord, registry: BucketRegistry, pointers: dict[int, np.ndarray]) -> None:
+        """Write the given objects' pointers into their slots of the record's pointer rows (births into
+        an existing state: Meta appends the new objects' pointers to the muxed ones)."""
+        b = self.backend
+        rows = np.asarray(record.pointer_rows)
+        host = b.to_host(self.pointers.tensor, rows)
+        where = registry.positions()
+        for o, p in pointers.items():
+            bk, s = where[o]
+            host[bk, s] = p
+        self.write_pointer_rows(rows, host)
+
+    def write_pointer_rows(self, rows, host: np.ndarray) -> None:
+        """pointer_pool[rows[i]] = host[i] (one upload, then device copies; the upload is freed)."""
+        b = self.backend
+        staged = b.upload(np.ascontiguousarray(host, np.float32))
+        try:
+            for i, r in enumerate(rows):
+                b.copy(b.rows(staged, i, 1), b.rows(self.pointers.tensor, int(r), 1))
+        finally:
+            b.free(staged)
+
+    def close(self) -> None:
+        for pool in (self.memories, self.images, self.pointers):
+            pool.close()
+
+
+def propagation_feeds(calls: list[tuple[TrackerState, int, Selection]]) -> dict[str, np.ndarray]:
+    """The index inputs of one propagation_decoder call over every bucket of the given states (each
+    with its own selection): memory rows, their frames' image rows and temporal slots, pointer rows and
+    offsets, padded per bucket to the longest lists (padding entries: valid 0, row 0, the zero row)."""
+    n = max((len(sel.memories) for _, _, sel in calls), default=0)
+    p = max((len(sel.pointers) for _, _, sel in calls), default=0)
+    n, p = max(n, 1), max(p, 1)
+    cols = {k: [] for k in ("memory_index", "memory_image_index", "memory_slot", "memory_valid", "pointer_index",
+                            "pointer_offset", "pointer_valid", "slot_valid")}
+    for state, frame, sel in calls:
+        for bucket in range(state.registry.num_buckets):
+            mi = np.full(n, ZERO_ROW, np.int32)
+            ii = np.full(n, ZERO_ROW, np.int32)
+            ms = np.zeros(n, np.int32)
+            mv = np.zeros(n, np.float32)
+            for j, (f, slot) in enumerate(sel.memories):
+                rec = state.frames[f]
+                mi[j], ii[j], ms[j], mv[j] = rec.memory_rows[bucket], rec.image_row, slot, 1.0
+            pi = np.full(p, ZERO_ROW, np.int32)
+            po = np.zeros(p, np.float32)
+            pv = np.zeros(p, np.float32)
+            for j, (f, dist) in enumerate(sel.pointers):
+                pi[j] = state.frames[f].pointer_rows[bucket]
+                po[j] = np.float32(dist) / np.float32(sel.scale)
+                pv[j] = 1.0
+            for k, v in zip(cols, (mi, ii, ms, mv, pi, po, pv)):
+                cols[k].append(v)
+        cols["slot_valid"].append(state.registry.slot_valid())
+    out = {k: np.stack(v) for k, v in cols.items() if k != "slot_valid"}
+    out["slot_valid"] = np.concatenate(cols["slot_valid"]).astype(np.float32)
+    return out

@@ -1,0 +1,90 @@
+"""torch.nn.functional.interpolate(mode="bilinear", align_corners=False), with and without antialias, in
+numpy float32 on [N, H, W] planes: Meta's SAM 3.1 moves masks between the 4F, 14F, 16F and video
+resolutions with both (which one where is named at each call site), and the thresholds that follow
+(> 0, > 0.5) see values exactly on the edge, so the arithmetic follows torch's CPU kernels:
+
+- plain bilinear: source = max(scale * (dst + 0.5) - 0.5, 0), two taps, width pass then height pass
+  (``out = h0 * (w0 * x00 + w1 * x01) + h1 * (w0 * x10 + w1 * x11)``);
+- antialiased: a triangle filter stretched by the scale when shrinking, weights normalised, applied
+  along the width first, then along the height (aten's separable AA kernel).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+
+
+@functools.lru_cache(maxsize=64)
+def _linear_taps(in_size: int, out_size: int):
+    scale = np.float32(in_size / out_size)
+    # one rounding for scale * (dst + 0.5) - 0.5: torch's kernel compiles to a fused multiply-add
+    src = ((np.arange(out_size, dtype=np.float64) + 0.5) * np.float64(scale) - 0.5).astype(np.float32)
+    src = np.maximum(src, np.float32(0.0))
+    i0 = src.astype(np.int64)
+    i1 = np.minimum(i0 + 1, in_size - 1)
+    l1 = (src - i0.astype(np.float32)).astype(np.float32)
+    l0 = (np.float32(1.0) - l1).astype(np.float32)
+    return i0, i1, l0, l1
+
+
+def bilinear(x: np.ndarray, height: int, width: int) -> np.ndarray:
+    """[N, h, w] -> float32 [N, height, width], F.interpolate(bilinear, align_corners=False)."""
+    x = np.asarray(x, np.float32)
+    n, h, w = x.shape
+    if (h, w) == (height, width):
+        return x.copy()
+    yi0, yi1, yl0, yl1 = _linear_taps(h, height)
+    xi0, xi1, xl0, xl1 = _linear_taps(w, width)
+    # width pass on the two source rows of every output row, then the height combination
+    rows = x[:, :, xi0] * xl0 + x[:, :, xi1] * xl1  # [N, h, width]
+    return (rows[:, yi0] * yl0[None, :, None] + rows[:, yi1] * yl1[None, :, None]).astype(np.float32)
+
+
+@functools.lru_cache(maxsize=64)
+def _aa_taps(in_size: int, out_size: int):
+    """aten's _compute_weights_aa in float32: center = float(scale * (i + 0.5)), the filter argument
+    (j + xmin - center + 0.5) * invscale, weights normalised by their float32 sum."""
+    f32 = np.float32
+    scale = f32(in_size / out_size)
+    support = scale if scale >= 1.0 else f32(1.0)
+    invscale = f32(1.0) / scale if scale >= 1.0 else f32(1.0)
+    centers = (np.float64(scale) * (np.arange(out_size) + 0.5)).astype(f32)
+    xmin = np.maximum((centers - support + f32(0.5)).astype(np.int64), 0)
+    xmax = np.minimum((centers + support + f32(0.5)).astype(np.int64), in_size)
+    taps = int((xmax - xmin).max())
+    idx = xmin[:, None] + np.arange(taps)[None]
+    arg = (((idx.astype(f32) - centers[:, None]).astype(np.float64) + 0.5) * np.float64(invscale)).astype(f32)
+    arg = np.abs(arg)
+    weights = np.where(arg < f32(1.0), f32(1.0) - arg, f32(0.0)).astype(f32)
+    weights[idx >= xmax[:, None]] = 0.0
+    total = np.zeros(out_size, f32)
+    for k in range(taps):  # sequential float32 sum, as the kernel adds them
+        total = (total + weights[:, k]).astype(f32)
+    weights = (weights / total[:, None]).astype(f32)
+    return np.minimum(idx, in_size - 1), weights
+
+
+def _aa_axis(x: np.ndarray, size: int, axis: int) -> np.ndarray:
+    """t = x0 * w0, then t += x_j * w_j with one rounding per step (the kernel's fused multiply-adds)."""
+    idx, weights = _aa_taps(x.shape[axis], size)
+    shape = [1] * x.ndim
+    shape[axis] = size
+    out = None
+    for k in range(idx.shape[1]):
+        taken = np.take(x, idx[:, k], axis=axis).astype(np.float64)
+        w = weights[:, k].reshape(shape).astype(np.float64)
+        out = (taken * w).astype(np.float32) if out is None else (out + taken * w).astype(np.float32)
+    return out
+
+
+def bilinear_antialias(x: np.ndarray, height: int, width: int) -> np.ndarray:
+    """[N, h, w] -> float32 [N, height, width], F.interpolate(bilinear, align_corners=False,
+    antialias=True): width first, then height."""
+    x = np.asarray(x, np.float32)
+    if x.shape[2] != width:
+        x = _aa_axis(x, width, 2)
+    if x.shape[1] != height:
+        x = _aa_axis(x, height, 1)
+    return np.array(x, np.float32, copy=True)

@@ -1,0 +1,387 @@
+"""A SAM 3.1 tracking session: the API of Meta's SAM 3.1 video predictor on the runtime's graphs.
+
+    session = predictor.start_session(video)
+    first = session.add_prompt(frame_index=0, text="bike")   # runs that frame now: its FrameResult
+    for result in session.propagate("forward"):               # FrameResults in processing order
+        ...
+    session.remove_object(obj_id)                              # from every frame, cached ones included
+
+Where this follows Meta's SAM 3.1 predictor rather than sam3track's SAM 3 session:
+- a text add_prompt starts over (Meta resets the whole session state) and runs its frame at once,
+  returning that frame's result (SAM 3's add_prompt only registers the prompt);
+- "backward" starts one frame before start_frame, and "both" runs forward then backward;
+- a propagate() right after a full propagation from the first or last frame, or after only
+  remove_object calls, re-plays the cached results (Meta's "propagation_fetch");
+- objects removed by the hotstart rule are not hidden on the frames held back before their removal.
+
+Not implemented yet (each is a clear error or documented skip, never a silent divergence in the
+recorded scenarios): clicks and boxes (PromptError), reconditioning every 16th frame (Meta needs
+detections scoring >= 0.8; skipped), streaming track().
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ...errors import (ArgumentError, FrameIndexError, ObjectIdError, PromptError, SessionBusyError,
+                       SessionClosedError, VideoError, shown)
+from ...postprocess import masks_to_boxes
+from ...results import FrameResult
+from .resize import bilinear
+from .tracker import FrameOut, Sam31Tracker
+
+DIRECTIONS = ("forward", "backward", "both")
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
+
+
+def pixel_values(rgb: np.ndarray, config) -> np.ndarray:
+    """RGB uint8 [H, W, 3] -> float32 [1, 3, S, S] as Meta's image-folder loader prepares frames (the
+    manifest's preprocessing): PIL bilinear resize to S x S, to_tensor, stored as float16, normalised
+    in float16."""
+    from PIL import Image
+
+    s = config.image_size
+    img = np.asarray(Image.fromarray(np.ascontiguousarray(rgb)).resize((s, s), Image.BILINEAR))
+    x = (img.astype(np.float32) / np.float32(255.0)).astype(np.float16).transpose(2, 0, 1)
+    mean = np.asarray(config.image_mean, np.float16)[:, None, None]
+    std = np.asarray(config.image_std, np.float16)[:, None, None]
+    x = ((x - mean).astype(np.float16) / std).astype(np.float16)
+    return np.ascontiguousarray(x.astype(np.float32)[None])
+
+
+def objectwise_non_overlap(masks: np.ndarray, probs: np.ndarray) -> np.ndarray:
+    """Meta's _apply_object_wise_non_overlapping_constraints on bool masks (background 0): each pixel
+    goes to the mask of the highest tracker probability (ties: the first object)."""
+    if masks.shape[0] <= 1:
+        return masks
+    value = np.where(masks, probs[:, None, None].astype(np.float32), np.float32(0.0))
+    winner = np.argmax(value, axis=0)
+    keep = winner[None] == np.arange(masks.shape[0])[:, None, None]
+    return masks & keep & (value > 0)
+
+
+class Sam31Session:
+    def __init__(self, predictor, source=None, owns_source: bool = False):
+        if source is None:
+            raise VideoError("SAM 3.1 sessions need a video (start_session(video)); live streams are not "
+                             "supported for SAM 3.1 bundles yet")
+        self.predictor, self.config, self.backend = predictor, predictor.config, predictor.backend
+        self.source, self._owns_source = source, owns_source
+        self.tracker = Sam31Tracker(self.backend, predictor.graphs, self.config, (source.height, source.width))
+        self.cached: dict[int, dict[int, np.ndarray]] = {}  # Meta's cached_frame_outputs
+        self.suppressed: dict[int, set[int]] = {}  # Meta's suppressed_obj_ids per frame (never filled in 3.1)
+        self.history: list[dict] = []  # Meta's action_history
+        self.prompted_frames: set[int] = set()  # frames with outputs (previous_stages_out)
+        self._running = None
+        self.closed = False
+
+    # ------------------------------------------------------------------------------ lifecycle
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        if not self.backend.closed:
+            self.tracker.close()
+        if self._owns_source:
+            self.source.close()
+
+    def _check_open(self) -> None:
+        if self.predictor.closed:
+            raise SessionClosedError("the predictor of this session was closed; load the bundle again")
+        if self.closed:
+            raise SessionClosedError("this session is closed; start a new one with predictor.start_session()")
+
+    def _check_idle(self, what: str) -> None:
+        if self._running is not None:
+            raise SessionBusyError(f"{what} while a propagate() of this session is still running; iterate it to "
+                                   "the end or call .close() on it first")
+
+    @property
+    def num_frames(self) -> int:
+        return len(self.source)
+
+    @property
+    def object_ids(self) -> list[int]:
+        return self.tracker.obj_ids
+
+    def frame(self, index: int) -> np.ndarray:
+        """RGB frame `index` of the session's video."""
+        self._check_open()
+        self._check_frame(index)
+        return self.source.read(index)
+
+    def run_frame(self, frame_index: int):
+        raise PromptError("run_frame() is not available for SAM 3.1 bundles: a text add_prompt already runs its "
+                          "frame and returns its result, as Meta's predictor does")
+
+    def _check_frame(self, index, what: str = "frame index") -> None:
+        n = self.num_frames
+        if not _is_int(index) or not 0 <= index < n:
+            raise FrameIndexError(f"{what} {index!r} is out of range: the video has {n} frames (0..{n - 1})")
+
+    # -------------------------------------------------------------------------------- prompts
+    def add_prompt(self, frame_index: int = 0, text: str | None = None, points=None, labels=None, boxes=None,
+                   obj_id=None, clear_old_points: bool = True) -> FrameResult:
+        """A text prompt: the session starts over (Meta's add_prompt resets it), finds the text on
+        `frame_index` and returns that frame's result. Clicks and boxes are not supported yet."""
+        self._check_open()
+        self._check_idle("add_prompt() was called")
+        self._check_frame(frame_index)
+        if points is not None or boxes is not None or labels is not None:
+            if text is not None:
+                raise PromptError("give either text= or points= in one add_prompt call, not both")
+            return self._add_clicks(int(frame_index), points, labels, boxes, obj_id, clear_old_points)
+        if not isinstance(text, str) or not text.strip():
+            raise PromptError(f"add_prompt needs text= (a noun phrase such as 'bike'), not {shown(text)}")
+        ids, _ = self.predictor.tokenizer(text.strip())
+        self.tracker.reset()
+        self.cached.clear()
+        self.suppressed.clear()
+        self.history.clear()
+        self.prompted_frames = set()
+        self.tracker.set_text(ids)
+        self._text = text.strip()
+        out = self._run(int(frame_index), reverse=False, round_levels=True)
+        self.prompted_frames.add(int(frame_index))
+        return self._postprocess(out.frame, out.masks, scores=out.scores)
+
+    def _add_clicks(self, frame: int, points, labels, boxes, obj_id, clear_old_points) -> FrameResult:
+        """Clicks that add a new object (Meta's add_sam2_new_points): a singleton tracker state, the
+        frame its conditioning frame; the result is the frame's cached result with the new mask."""
+        from ...interactive import parse_clicks
+
+        where = f"add_prompt on frame {frame}"
+        if boxes is not None:
+            raise PromptError(f"{where}: boxes are not supported for SAM 3.1 bundles yet; give points=")
+        h, w = self.source.height, self.source.width
+        click = parse_clicks(points, labels, None, h, w, where)
+        t = self.tracker
+        if obj_id is None:
+            obj_id = t.meta.max_obj_id + 1
+        elif not _is_int(obj_id) or obj_id < 0:
+            raise ObjectIdError(f"{where}: obj_id {shown(obj_id)} must be a whole number >= 0 (or None for a new "
+                                "object)")
+        obj_id = int(obj_id)
+        if obj_id in t.obj_ids:
+            raise PromptError(f"{where}: refining tracked object {obj_id} with clicks is not supported for SAM 3.1 "
+                              "bundles yet (Meta extracts it from its bucket into a singleton state); click with "
+                              "a new obj_id to add an object")
+        if len(t.obj_ids) >= self.config.max_num_objects:
+            raise PromptError(f"{where}: a new object {obj_id} would exceed max_num_objects="
+                              f"{self.config.max_num_objects}; remove an object first or load with a larger "
+                              "max_num_objects")
+        cfg = self.config
+        # Meta's points are relative coordinates times the model's image size
+        coords = (click.coords.astype(np.float64) / np.asarray([w, h])).astype(np.float32) * np.float32(cfg.image_size)
+        n = len(click.labels)
+        multimask = cfg.multimask_output_in_sam and cfg.multimask_min_pt_num <= n <= cfg.multimask_max_pt_num
+        px = pixel_values(self.source.read(frame), cfg)
+        features = t.encode(px, round_levels=False)  # Meta's batched-grounding features
+        mask = t.add_clicked_object(frame, features, obj_id, coords, click.labels.astype(np.int32), multimask)
+        self.history.append({"type": "add", "obj_ids": [obj_id], "frame_idx": frame})
+        self.prompted_frames.add(frame)
+        merged = dict(self.cached.get(frame, {}))
+        merged[obj_id] = mask
+        self.cached[frame] = merged
+        return self._postprocess(frame, merged, self.suppressed.get(frame, ()))
+
+    def _run(self, frame: int, reverse: bool, round_levels: bool) -> FrameOut:
+        px = pixel_values(self.source.read(frame), self.config)
+        out = self.tracker.step(frame, reverse, self.num_frames, px, round_levels)
+        self.cached[frame] = dict(out.masks)
+        return out
+
+    # ---------------------------------------------------------------------------------- results
+    def _postprocess(self, frame: int, obj_id_to_mask: dict[int, np.ndarray], hidden=(), scores=None) -> FrameResult:
+        """Meta's _postprocess_output: sorted ids, empty and hidden masks dropped, object-wise
+        non-overlap by tracker probability, boxes from the masks. scores: the obj_id_to_score the
+        frame's output carries (Meta snapshots it per frame; fetches read the current one)."""
+        h, w = self.source.height, self.source.width
+        ids = sorted(obj_id_to_mask)
+        if not ids:
+            return FrameResult.empty(frame, h, w)
+        masks = np.stack([obj_id_to_mask[o] for o in ids])
+        frame_scores = self.tracker.sam2_scores.get(frame, {})
+        scores = self.tracker.obj_id_to_score if scores is None else scores
+        probs = np.asarray([scores[o] for o in ids], np.float32)
+        tracker_probs = np.asarray([frame_scores.get(o, 0.0) for o in ids], np.float32)
+        keep = masks.reshape(len(ids), -1).any(1) & ~np.isin(ids, list(hidden))
+        ids = np.asarray(ids, np.int64)[keep]
+        masks, probs, tracker_probs = masks[keep], probs[keep], tracker_probs[keep]
+        masks = objectwise_non_overlap(masks, tracker_probs)
+        return FrameResult(frame_index=frame, object_ids=ids, scores=probs, boxes_xyxy=masks_to_boxes(masks),
+                           masks=masks, prompts=[self.tracker_text] * len(ids), tracker_probs=tracker_probs)
+
+    @property
+    def tracker_text(self) -> str:
+        return getattr(self, "_text", "")
+
+    # ------------------------------------------------------------------------------ propagation
+    def propagate(self, direction: str = "forward", start_frame: int | None = None, max_frames: int | None = None):
+        """Track through the video, yielding one FrameResult per frame in processing order (Meta's
+        propagate_in_video: forward from start_frame, backward from start_frame - 1; "both" runs
+        both). start_frame defaults to the first prompted frame."""
+        self._check_open()
+        if not isinstance(direction, str) or direction not in DIRECTIONS:
+            raise ArgumentError(f"direction must be one of {', '.join(map(repr, DIRECTIONS))}, not {shown(direction)}")
+        if start_frame is None:
+            if not self.prompted_frames:
+                raise PromptError("no prompt in this session; call session.add_prompt(frame_index, text=...) first")
+            start_frame = min(self.prompted_frames)
+        self._check_frame(start_frame, "start_frame")
+        if max_frames is not None and (not _is_int(max_frames) or max_frames < 1):
+            raise ArgumentError(f"max_frames must be a whole number >= 1 or None, not {shown(max_frames)}")
+        if not self.prompted_frames:
+            raise PromptError("no prompt in this session; call session.add_prompt(frame_index, text=...) first")
+        passes = [False, True] if direction == "both" else [direction == "backward"]
+        return self._propagate(passes, int(start_frame), max_frames)
+
+    def _order(self, start: int, max_frames, reverse: bool) -> range:
+        """Meta's _get_processing_order (backward starts at start - 1), with max_frames counting the
+        frames tracked, as everywhere in sam3track (Meta's max_frame_num_to_track counts one more)."""
+        n = self.num_frames
+        if reverse:
+            stop = -1 if max_frames is None else max(start - 1 - max_frames, -1)
+            return range(start - 1, stop, -1)
+        stop = n if max_frames is None else min(start + max_frames, n)
+        return range(start, stop)
+
+    def _propagation_type(self) -> tuple[str, list[int] | None]:
+        """Meta's _parse_action_history_for_propagation: ("propagation_full" | "propagation_partial" |
+        "propagation_fetch", the objects a partial propagation tracks)."""
+        h = self.history
+        if not h:
+            return "propagation_full", None
+        last = h[-1]
+        if "propagation" in last["type"]:
+            if last["type"] == "propagation_fetch":
+                return "propagation_fetch", None
+            if (len(h) > 1 and h[-2]["type"] in ("propagation_partial", "propagation_full")) or \
+                    last["frame_idx"] in (0, self.num_frames - 1):
+                return "propagation_fetch", None
+            return last["type"], last.get("obj_ids")
+        obj_ids = []
+        for action in reversed(h):
+            if "propagation" in action["type"]:
+                break
+            if action["type"] in ("add", "refine"):
+                obj_ids.extend(action["obj_ids"])
+        if obj_ids:
+            return "propagation_partial", sorted(set(obj_ids))
+        return "propagation_fetch", None  # only removals since the last propagation
+
+    def _propagate(self, passes, start: int, max_frames):
+        self._check_idle("propagate() was called again")
+        token = object()
+        self._running = token
+        try:
+            for reverse in passes:
+                kind, obj_ids = self._propagation_type()
+                self.history.append({"type": kind, "frame_idx": start, "obj_ids": obj_ids})
+                order = self._order(start, max_frames, reverse)
+                if kind == "propagation_fetch":
+                    for frame in order:
+                        self._check_open()
+                        yield self._postprocess(frame, self.cached.get(frame, {}), self.suppressed.get(frame, ()))
+                elif kind == "propagation_partial":
+                    yield from self._partial_pass(order, reverse, obj_ids)
+                else:
+                    yield from self._full_pass(order, reverse)
+        finally:
+            if self._running is token:
+                self._running = None
+
+    def _full_pass(self, order: range, reverse: bool):
+        """Meta's propagate_in_video: outputs held back hotstart_delay frames, then post-processed in
+        batches of postprocess_batch_size (scores and hidden ids are read when a batch is processed)."""
+        cfg = self.config
+        delay = cfg.hotstart_delay
+        last = order[-1] if len(order) else None
+        buffer: list[FrameOut] = []
+        pending: list[FrameOut] = []
+        unconfirmed: dict[int, list[int]] = {}
+        for frame in order:
+            self._check_open()
+            out = self._run(frame, reverse, round_levels=False)
+            self.prompted_frames.add(frame)
+            if cfg.masklet_confirmation_enable:
+                unconfirmed[frame] = out.unconfirmed
+            buffer.append(out)
+            if delay > 0:
+                if frame == last:
+                    ready, buffer = buffer, []
+                elif len(buffer) >= delay:
+                    ready, buffer = buffer[:1], buffer[1:]
+                else:
+                    ready = []
+            else:
+                ready, buffer = buffer, []
+            pending += ready
+            while len(pending) >= cfg.postprocess_batch_size:
+                batch, pending = pending[:cfg.postprocess_batch_size], pending[cfg.postprocess_batch_size:]
+                for item in batch:
+                    yield self._yield(item, reverse, unconfirmed)
+        for item in pending:
+            yield self._yield(item, reverse, unconfirmed)
+
+    def _partial_pass(self, order: range, reverse: bool, obj_ids: list[int]):
+        """Meta's propagation_partial: only the added (or refined) objects' states are tracked, each
+        frame yielded at once, their masks merged into the frame's cached result (a frame without one
+        yields nothing new: Meta's _build_sam2_output returns {} there). The merged tracker score is
+        the raw object-score logit, as Meta stores it."""
+        t, h, w = self.tracker, self.source.height, self.source.width
+        for frame in order:
+            self._check_open()
+            features = t.encode(pixel_values(self.source.read(frame), self.config), round_levels=False)
+            refined = t.propagate_objects(frame, reverse, self.num_frames, features, obj_ids)
+            scores = t.sam2_scores.setdefault(frame, {})
+            for o, (score, _) in refined.items():
+                scores[o] = score
+            if frame in self.cached:
+                merged = dict(self.cached[frame])
+                for o, (_, low) in refined.items():
+                    merged[o] = bilinear(low[None], h, w)[0] > 0
+            else:
+                merged = {}
+            hidden = self.suppressed.get(frame, ())
+            self.cached[frame] = {o: m for o, m in merged.items() if o not in hidden}
+            self.prompted_frames.add(frame)
+            yield self._postprocess(frame, merged, hidden)
+
+    def _yield(self, out: FrameOut, reverse: bool, unconfirmed: dict[int, list[int]]) -> FrameResult:
+        cfg = self.config
+        lag = cfg.masklet_confirmation_consecutive_det_thresh - 1
+        at = out.frame - lag if reverse else out.frame + lag
+        at = max(0, min(at, self.num_frames - 1))
+        hidden = set(self.suppressed.get(out.frame, ())) | set(unconfirmed.get(at) or ())
+        # Meta's cache keeps the frame without its hidden objects (fetches re-play it)
+        self.cached[out.frame] = {o: m for o, m in out.masks.items() if o not in hidden}
+        return self._postprocess(out.frame, out.masks, hidden, out.scores)
+
+    # ---------------------------------------------------------------------------------- objects
+    def remove_object(self, obj_id: int) -> None:
+        """Stop tracking an object: it leaves its tracker state (its slot becomes a hole, which
+        changes what its bucket-mates attend to from now on) and every cached frame."""
+        self._check_open()
+        self._check_idle("remove_object() was called")
+        if not _is_int(obj_id) or int(obj_id) not in self.tracker.obj_ids:
+            raise ObjectIdError(f"object {shown(obj_id)} is not tracked in this session "
+                                f"(tracked: {self.tracker.obj_ids})")
+        obj_id = int(obj_id)
+        t = self.tracker
+        t.remove_objects([obj_id])
+        keep = t.meta.obj_ids != obj_id
+        t.meta.keep_rows(keep)
+        t.obj_id_to_score.pop(obj_id, None)
+        for frame_cache in self.cached.values():
+            frame_cache.pop(obj_id, None)
+        self.history.append({"type": "remove", "obj_ids": [obj_id]})

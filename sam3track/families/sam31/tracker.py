@@ -1,0 +1,506 @@
+"""SAM 3.1's frame loop: the same five phases as SAM 3's (sam3track/frame_loop.py) -- backbone and
+grounding, propagation, planning, execution, outputs -- with Meta's multiplex rules in each
+(Sam3MultiplexBase._det_track_one_frame_impl and the VideoTrackingMultiplexDemo tracker states).
+
+Graph calls per frame: one backbone, one grounding_head, at most one propagation_decoder (every bucket
+of every tracker state in one batched call), one memory_encoder for the frame's memories (all buckets
+at once); frames with births add one interactive_neck, one mask_init and one memory_encoder per state
+that receives objects.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ...errors import PromptError
+from ...mask_ops import (apply_non_overlapping_constraints, objects_to_suppress_by_recent_occlusion,
+                         suppress_object_pw_area_shrinkage)
+from . import heuristics as H
+from .buckets import BucketRegistry
+from .memory import FrameRecord, MultiplexMemory, TrackerState, propagation_feeds, select
+from .resize import bilinear, bilinear_antialias
+
+NO_OBJ_SCORE = 1024.0  # Meta's -NO_OBJ_SCORE / NO_OBJ_SCORE for user (and birth) masks at video resolution
+MASK_SCORE = 10.0  # Meta's +-10 object scores by mask area
+REMOVED_SCORE = -1e4
+
+
+def state_record_is_cond(state: TrackerState, frame: int) -> bool:
+    record = state.frames.get(frame)
+    return record is not None and record.cond
+
+
+def _sigmoid(x):
+    return (1.0 / (1.0 + np.exp(-np.asarray(x, np.float64)))).astype(np.float32)
+
+
+@dataclass
+class Tracked:
+    """The propagation phase's result: every tracked object, sorted by id."""
+
+    obj_ids: np.ndarray  # int64 [M]
+    masks: np.ndarray  # float32 [M, L, L] low-res logits
+    scores: np.ndarray  # float32 [M] object score logits
+
+
+@dataclass
+class FramePlan:
+    """The planning phase's decisions for one frame (SAM 3: planning.FramePlan)."""
+
+    track_masks: np.ndarray  # the tracked objects' logits after occlusion suppression
+    new_inds: np.ndarray  # detections that become objects, in id order
+    new_ids: np.ndarray
+    removed_ids: set[int]  # removed by the hotstart rule
+    unconfirmed: list[int]
+    dropped: int  # new detections over max_num_objects
+
+
+@dataclass
+class FrameOut:
+    """One frame's output before post-processing (Meta's _run_single_frame_inference result)."""
+
+    frame: int
+    masks: dict[int, np.ndarray]  # obj_id -> bool [H, W] at video resolution
+    unconfirmed: list[int] = field(default_factory=list)
+    removed: set[int] = field(default_factory=set)  # removed by the hotstart rule on this frame
+    stats: dict = field(default_factory=dict)
+    scores: dict[int, float] = field(default_factory=dict)  # Meta's obj_id_to_score as of this frame
+
+
+class Sam31Tracker:
+    """Everything one session tracks: tracker states, per-object metadata, the memory bank."""
+
+    def __init__(self, backend, graphs, config, video_hw: tuple[int, int]):
+        self.backend, self.graphs, self.config = backend, graphs, config
+        self.video_hw = video_hw
+        g = config.feature_grid
+        self.memory = MultiplexMemory(backend, g * g, config.hidden_dim, config.multiplex_count)
+        self.reset()
+
+    # ------------------------------------------------------------------------------------ state
+    def reset(self) -> None:
+        """Meta's reset_state: forget every state, object and score."""
+        if getattr(self, "states", None):
+            for state in self.states:
+                for record in state.frames.values():
+                    self.memory.release_record(record)
+        self.states: list[TrackerState] = []
+        self.meta = H.TrackMeta()
+        self.obj_id_to_score: dict[int, float] = {}
+        self.sam2_scores: dict[int, dict[int, float]] = {}  # frame -> obj_id -> tracker probability
+        self.text = None  # (features host [1, T, D], mask int32 [1, T])
+        self._warned = False
+
+    @property
+    def obj_ids(self) -> list[int]:
+        return [int(o) for o in self.meta.obj_ids]
+
+    def close(self) -> None:
+        self.reset()
+        self.memory.close()
+
+    # --------------------------------------------------------------------- 1. backbone, grounding
+    def encode(self, pixel_values: np.ndarray, round_levels: bool) -> dict:
+        """The backbone (ViT, detector neck, propagation neck) of one frame. round_levels: the tracker
+        levels rounded to bfloat16, as Meta's single-frame grounding of a text add_prompt leaves them
+        (its batched grounding during propagate_in_video keeps them in float32)."""
+        self._round = np.asarray([1.0 if round_levels else 0.0], np.float32)
+        return self.backend.run(self.graphs["backbone"], {"pixel_values": pixel_values, "round_levels": self._round})
+
+    def interactive(self, features: dict) -> dict:
+        """The interactive neck of the same frame (births and clicks read it)."""
+        return self.backend.run(self.graphs["interactive_neck"], {"trunk_features": features["trunk_features"],
+                                                                  "round_levels": self._round})
+
+    def set_text(self, input_ids: np.ndarray) -> None:
+        b = self.backend
+        out = b.run(self.graphs["text_encoder"], {"input_ids": input_ids})
+        self.text = (b.to_host(out["text_features"]), b.to_host(out["text_mask"]).astype(np.int32))
+
+    def detect(self, features: dict) -> H.Detections:
+        if self.text is None:
+            raise PromptError("no text prompt in this session; call session.add_prompt(frame_index, text=...) first")
+        b = self.backend
+        out = b.run(self.graphs["grounding_head"], {
+            "detector_fpn0": features["detector_fpn0"], "detector_fpn1": features["detector_fpn1"],
+            "detector_fpn2": features["detector_fpn2"], "text_features": self.text[0], "text_mask": self.text[1]})
+        return H.filter_detections(b.to_host(out["pred_logits"])[0], b.to_host(out["pred_boxes"])[0],
+                                   b.to_host(out["pred_masks"])[0], self.config)
+
+    # --------------------------------------------------------------------------- 2. propagation
+    def propagate(self, frame: int, reverse: bool, num_frames: int, features: dict):
+        """Every state's objects on `frame`: consolidated frames (births, prompts) reuse their stored
+        output; the others run the propagation decoder, all their buckets in one call. Returns
+        (obj_ids sorted, low-res logits [M, L, L], object score logits [M])."""
+        cfg, b, mem = self.config, self.backend, self.memory
+        calls = []
+        for state in self.states:
+            if not state.obj_ids:
+                continue
+            record = state.frames.get(frame)
+            if record is None or not record.consolidated:
+                sel = select(frame, state, num_frames, reverse, cfg.num_maskmem, cfg.max_cond_frames_in_attn,
+                             cfg.max_obj_ptrs_in_encoder)
+                calls.append((state, frame, sel))
+        if calls:
+            feeds = propagation_feeds(calls)
+            total = feeds["slot_valid"].shape[0]
+            rows = mem.pointers.allocate(total)
+            target = mem.pointers.target(rows)
+            out = b.run(self.graphs["propagation_decoder"], {
+                "tracker_feat_s0": features["tracker_feat_s0"], "tracker_feat_s1": features["tracker_feat_s1"],
+                "tracker_feat": features["tracker_feat"], "memory_pool": mem.memories.tensor,
+                "image_pool": mem.images.tensor, "pointer_pool": mem.pointers.tensor, **feeds},
+                {"object_pointer": target})
+            mem.pointers.commit(rows, target)
+            masks = b.to_host(out["low_res_masks"])[:, :, 0]
+            scores = b.to_host(out["object_score_logits"])[:, :, 0]
+            start = 0
+            for state, _, _ in calls:
+                nb = state.registry.num_buckets
+                old = state.frames.pop(frame, None)
+                if old is not None:
+                    mem.release_record(old)
+                state.frames[frame] = FrameRecord(
+                    cond=False, masks=state.registry.unpack(masks[start:start + nb]),
+                    scores={o: float(s) for o, s in state.registry.unpack(scores[start:start + nb]).items()},
+                    pointer_rows=[int(r) for r in rows[start:start + nb]])
+                start += nb
+        ids, masks, scores = [], [], []
+        for state in self.states:
+            if not state.obj_ids:
+                continue
+            state.tracked[frame] = reverse
+            record = state.frames[frame]
+            for o in state.obj_ids:
+                ids.append(o)
+                masks.append(record.masks[o])
+                scores.append(record.scores[o])
+        order = np.argsort(ids, kind="stable")
+        size = cfg.low_res_mask_size
+        return (np.asarray(ids, np.int64)[order],
+                np.asarray(masks, np.float32).reshape(-1, size, size)[order],
+                np.asarray(scores, np.float32)[order])
+
+    # --------------------------------------------------------------------------------- memories
+    def _encode(self, features: dict, items: list[tuple[TrackerState, FrameRecord, dict[int, np.ndarray]]]) -> None:
+        """One memory_encoder call for the buckets of several states on one frame: per state its
+        record on the frame and the per-object mask logits (all at one side, 14F or 16F)."""
+        b, mem, k = self.backend, self.memory, self.config.multiplex_count
+        side = next(iter(items[0][2].values())).shape[-1]
+        masks, valid, cond, scores = [], [], [], []
+        for state, record, per_obj in items:
+            reg = state.registry
+            masks.append(reg.pack(per_obj))
+            valid.append(reg.slot_valid())
+            cond.append(reg.pack({o: 1.0 if o in record.conditioning else 0.0 for o in state.obj_ids}))
+            scores.append(reg.pack({o: record.scores[o] for o in state.obj_ids}))
+        total = sum(v.shape[0] for v in valid)
+        rows = mem.memories.allocate(total)
+        target = mem.memories.target(rows)
+        out = b.run(self.graphs["memory_encoder"], {
+            "tracker_feat": features["tracker_feat"],
+            "mask_logits": np.concatenate(masks).reshape(total, k, side, side),
+            "slot_valid": np.concatenate(valid), "conditioning": np.concatenate(cond).astype(np.float32),
+            "object_score_logits": np.concatenate(scores).astype(np.float32)}, {"maskmem_features": target})
+        mem.memories.commit(rows, target)
+        image_row = mem.new_image_row(out["image_features"])
+        start = 0
+        for state, record, _ in items:
+            nb = state.registry.num_buckets
+            if record.memory_rows is not None:
+                mem.memories.release(record.memory_rows)
+            record.memory_rows = [int(r) for r in rows[start:start + nb]]
+            mem.hold_image(record, image_row)
+            start += nb
+        mem.drop_unreferenced_image(image_row)
+
+    def update_memories(self, frame: int, features: dict, trk_ids: np.ndarray, trk_masks: np.ndarray) -> None:
+        """Meta's _tracker_update_memories: every tracked object's mask (after occlusion suppression)
+        at 16F, the area-shrinkage rule over all objects of all states (3.1: globally; SAM 3 per
+        prompt), object scores +-10 by area, each state's record on the frame re-encoded."""
+        side = self.config.input_mask_size
+        high = suppress_object_pw_area_shrinkage(bilinear(trk_masks, side, side))
+        by_id = {int(o): high[i] for i, o in enumerate(trk_ids)}
+        items = []
+        for state in self.states:
+            if not state.obj_ids or frame not in state.frames:
+                continue
+            record = state.frames[frame]
+            per_obj = {o: by_id[o] for o in state.obj_ids}
+            # the encoder sees +-10 scores by area; the record keeps the tracker's own (Meta stores them)
+            saved = record.scores
+            record.scores = {o: (MASK_SCORE if (per_obj[o] > 0).any() else -MASK_SCORE) for o in state.obj_ids}
+            items.append((state, record, per_obj, saved))
+        if items:
+            self._encode(features, [(s, r, m) for s, r, m, _ in items])
+            for _, record, _, saved in items:
+                record.scores = saved
+
+    # ------------------------------------------------------------------------------------ births
+    def add_objects(self, frame: int, features: dict, obj_ids: list[int], det_logits: np.ndarray) -> None:
+        """Meta's _tracker_add_new_objects: the best-fitting state (fewest free slots that still hold
+        them all) or a new one; masks from the detector logits (bilinear to 16F, > 0); the pointer from
+        mask_init on the interactive features; the masks at video resolution wipe one another
+        (add_new_masks); the state's memory of the frame re-encoded from the consolidated masks."""
+        cfg, b, mem = self.config, self.backend, self.memory
+        n = len(obj_ids)
+        best = None
+        for state in self.states:
+            free = state.registry.available_slots
+            if free >= n and (best is None or free < best.registry.available_slots):
+                best = state
+        inter = self.interactive(features)
+        out = b.run(self.graphs["mask_init"], {"interactive_feat": inter["interactive_feat"],
+                                               "mask_logits": det_logits[:, None].astype(np.float32)})
+        pointers = b.to_host(out["object_pointer"])
+        init_scores = b.to_host(out["object_score_logits"])[:, 0]
+        init_low = b.to_host(out["low_res_masks"])[:, 0]
+        side = cfg.input_mask_size
+        binary = bilinear(det_logits, side, side) > 0  # 16F, as _tracker_add_new_objects prepares them
+        h, w = self.video_hw
+        video = bilinear_antialias(binary.astype(np.float32), h, w) > 0.5
+        # Meta's add_new_masks: each newborn loses the pixels of the other newborns (births wipe each other)
+        wiped = video.copy()
+        if n > 1:
+            for i in range(n):
+                others = np.delete(video, i, axis=0).any(0)
+                wiped[i] &= ~others
+        size = cfg.low_res_mask_size
+        wiped_low = bilinear_antialias(np.where(wiped, NO_OBJ_SCORE, -NO_OBJ_SCORE).astype(np.float32), size, size)
+        if best is None:
+            state = TrackerState(BucketRegistry.for_objects(list(obj_ids), cfg.multiplex_count))
+            reg = state.registry
+            rows = mem.pointers.allocate(reg.num_buckets)
+            packed = reg.pack({o: pointers[i] for i, o in enumerate(obj_ids)})
+            mem.write_pointer_rows(rows, packed)
+            record = FrameRecord(cond=True, masks={o: wiped_low[i] for i, o in enumerate(obj_ids)},
+                                 scores={o: float(init_scores[i]) for i, o in enumerate(obj_ids)},
+                                 pointer_rows=[int(r) for r in rows], conditioning=set(obj_ids), consolidated=True)
+            state.frames[frame] = record
+            self.states.append(state)
+        elif state_record_is_cond(best, frame):
+            # Births into an existing state on one of its conditioning frames (the prompt frame tracked
+            # again): Meta adds them to that frame's stored output in place -- masks (mask_init's, not
+            # wiped), scores, pointers, conditioning flags -- and its re-encoded consolidation lands in
+            # non_cond_frame_outputs, which it then drops (an output on a conditioning frame wins):
+            # the frame's memory stays the one encoded before the births.
+            state, record = best, best.frames[frame]
+            state.registry.add(list(obj_ids))
+            for i, o in enumerate(obj_ids):
+                record.masks[o] = init_low[i]
+                record.scores[o] = float(init_scores[i])
+            record.conditioning |= set(obj_ids)
+            mem.set_pointer_slots(record, state.registry, {o: pointers[i] for i, o in enumerate(obj_ids)})
+            return
+        else:
+            # Births into an existing state: its empty slots, and the frame stays a NON-conditioning
+            # frame (it was tracked already), the newcomers only flagged in the conditioning channel.
+            state = best
+            record = state.frames[frame]
+            state.registry.add(list(obj_ids))
+            # the existing objects keep their propagated masks (Meta's consolidation falls back to their
+            # per-object outputs of the frame); the newcomers get their wiped video-resolution masks
+            for i, o in enumerate(obj_ids):
+                record.masks[o] = wiped_low[i]
+                record.scores[o] = float(init_scores[i])
+            record.conditioning |= set(obj_ids)
+            record.consolidated = True
+            mem.set_pointer_slots(record, state.registry, {o: pointers[i] for i, o in enumerate(obj_ids)})
+        state.tracked.setdefault(frame, False)
+        # propagate_in_video_preflight: the consolidated masks at 14F, pixel argmax over the state
+        image = cfg.image_size
+        ids = state.obj_ids
+        high = apply_non_overlapping_constraints(bilinear(np.stack([record.masks[o] for o in ids]), image, image))
+        self._encode(features, [(state, record, {o: high[i] for i, o in enumerate(ids)})])
+
+    # ---------------------------------------------------------------------------------- removals
+    def remove_objects(self, obj_ids) -> None:
+        """Meta's _tracker_remove_objects: holes in the buckets, empty buckets sliced out of every
+        stored frame, empty states dropped. The bucket-mates keep the past memories (which still hold
+        the removed object) and from now on see its slot as invalid and its pointer as 0."""
+        gone = set(int(o) for o in obj_ids)
+        kept_states = []
+        for state in self.states:
+            if not gone & set(state.obj_ids):
+                kept_states.append(state)
+                continue
+            keep = state.registry.remove(gone)
+            self.memory.keep_buckets(state, keep)
+            for record in state.frames.values():
+                for o in gone:
+                    record.masks.pop(o, None)
+                    record.scores.pop(o, None)
+                    record.conditioning.discard(o)
+            if state.obj_ids:
+                kept_states.append(state)
+            else:
+                for record in state.frames.values():
+                    self.memory.release_record(record)
+        self.states = kept_states
+
+    # ------------------------------------------------------------------------------------ clicks
+    def add_clicked_object(self, frame: int, features: dict, obj_id: int, coords: np.ndarray, labels: np.ndarray,
+                           multimask: bool) -> np.ndarray:
+        """Meta's add_sam2_new_points for a new object: a new singleton tracker state (3.1: a clicked
+        object never joins an existing bucket; SAM 3 adds it to the one session state), the interactive
+        decoder on the memory-free interactive features, the frame a conditioning frame of that state.
+        Its stored mask takes Meta's trip through the video resolution (consolidation), and the memory is
+        encoded from it. Returns the click's mask at video resolution (bool [H, W])."""
+        cfg, b, mem = self.config, self.backend, self.memory
+        inter = self.interactive(features)
+        size = cfg.low_res_mask_size
+        out = b.run(self.graphs["interactive_decoder"], {
+            "interactive_feat_s0": inter["interactive_feat_s0"], "interactive_feat_s1": inter["interactive_feat_s1"],
+            "interactive_feat": inter["interactive_feat"], "point_coords": coords[None].astype(np.float32),
+            "point_labels": labels[None].astype(np.int32), "mask_prompt": np.zeros((1, 1, size, size), np.float32),
+            "use_mask_prompt": np.zeros(1, np.float32), "multimask": np.asarray([1.0 if multimask else 0.0], np.float32)})
+        low = b.to_host(out["low_res_masks"])[:, 0]
+        score = float(b.to_host(out["object_score_logits"])[0, 0])
+        pointer = b.to_host(out["object_pointer"])[0]
+        h, w = self.video_hw
+        video = bilinear(low, h, w)  # _get_orig_video_res_output (one object: no non-overlap)
+        state = TrackerState(BucketRegistry.for_objects([obj_id], cfg.multiplex_count))
+        rows = mem.pointers.allocate(1)
+        mem.write_pointer_rows(rows, state.registry.pack({obj_id: pointer}))
+        record = FrameRecord(cond=True, masks={obj_id: bilinear_antialias(video, size, size)[0]},
+                             scores={obj_id: score}, pointer_rows=[int(rows[0])], conditioning={obj_id},
+                             consolidated=True)
+        state.frames[frame] = record
+        self.states.append(state)
+        image = cfg.image_size
+        self._encode(features, [(state, record, {obj_id: bilinear(record.masks[obj_id][None], image, image)[0]})])
+        self.meta.append(np.asarray([obj_id], np.int64), frame, cfg.init_trk_keep_alive)
+        self.obj_id_to_score[obj_id] = 1.0  # Meta scores user-prompted objects 1.0
+        self.sam2_scores.setdefault(frame, {})[obj_id] = 1.0
+        return video[0] > 0
+
+    def propagate_objects(self, frame: int, reverse: bool, num_frames: int, features: dict,
+                          obj_ids: list[int]) -> dict[int, tuple[float, np.ndarray]]:
+        """Meta's propagation_partial step: only the states holding `obj_ids` are tracked, each
+        encoding its own memory right away (run_mem_encoder=True: the decoder's mask at 14F, its raw
+        object score, no conditioning flags, no non-overlap across states). Returns obj_id ->
+        (object score logit, low-res logits) for the objects asked for."""
+        wanted = set(obj_ids)
+        original = list(self.states)
+        states = [s for s in original if wanted & set(s.obj_ids)]
+        self.states = states
+        try:
+            fresh = {id(s) for s in states if not (frame in s.frames and s.frames[frame].consolidated)}
+            ids, masks, scores = self.propagate(frame, reverse, num_frames, features)
+        finally:
+            self.states = original
+        image = self.config.image_size
+        items = []
+        for state in states:
+            if id(state) not in fresh:
+                continue
+            record = state.frames[frame]
+            high = bilinear(np.stack([record.masks[o] for o in state.obj_ids]), image, image)
+            items.append((state, record, {o: high[i] for i, o in enumerate(state.obj_ids)}))
+        if items:
+            self._encode(features, items)
+        return {int(o): (float(s), m) for o, m, s in zip(ids, masks, scores) if int(o) in wanted}
+
+    # ----------------------------------------------------------------------------------- a frame
+    def step(self, frame: int, reverse: bool, num_frames: int, pixel_values: np.ndarray,
+             round_levels: bool) -> FrameOut:
+        """One frame through the phases (SAM 3's frame_loop.FrameLoop.step has the same five)."""
+        features = self.encode(pixel_values, round_levels)  # 1. backbone and grounding
+        det = self.detect(features)
+        tracked = Tracked(*self.propagate(frame, reverse, num_frames, features))  # 2. propagation
+        assert np.array_equal(tracked.obj_ids, self.meta.obj_ids), (tracked.obj_ids, self.meta.obj_ids)
+        plan = self.plan(frame, reverse, features, det, tracked)  # 3. planning (memories included)
+        self.execute(frame, features, det, plan)  # 4. execution
+        return self.outputs(frame, det, tracked, plan)  # 5. outputs
+
+    def plan(self, frame: int, reverse: bool, features: dict, det: H.Detections, tracked: "Tracked") -> "FramePlan":
+        """Meta's run_tracker_update_planning_phase: IoM association, hotstart, occlusion suppression,
+        the memories of the tracked objects (3.1 encodes them here, before births), the new objects
+        under the cap, and the metadata (removed rows out, new rows appended, confirmation)."""
+        cfg, meta = self.config, self.meta
+        prev_ids = meta.obj_ids.copy()
+        assoc = H.associate(det, tracked.masks, cfg)
+        to_remove = H.hotstart(frame, reverse, assoc, meta, cfg)
+        # Reconditioning (every recondition_every_nth_frame frames, a detection scoring >= 0.8 that
+        # matches one track unambiguously) is not implemented: warn where Meta would recondition, since
+        # the results differ from Meta's from that frame on.
+        n = cfg.recondition_every_nth_frame
+        if n > 0 and frame % n == 0 and prev_ids.size and assoc.det_high_conf_and_iou.any() and not self._warned:
+            import warnings
+
+            warnings.warn(f"frame {frame}: Meta's SAM 3.1 would recondition tracks on high-confidence detections "
+                          "here; sam3track does not implement reconditioning yet, so results can differ from "
+                          "Meta's from this frame on", RuntimeWarning, stacklevel=3)
+            self._warned = True
+        trk_masks = tracked.masks
+        if prev_ids.size:
+            if cfg.suppress_overlapping_based_on_recent_occlusion_threshold > 0.0:
+                last = np.where(to_remove, H.ALWAYS_OCCLUDED, meta.last_occluded)
+                binary = trk_masks > 0
+                suppress = objects_to_suppress_by_recent_occlusion(
+                    binary, last, cfg.suppress_overlapping_based_on_recent_occlusion_threshold, reverse) \
+                    if prev_ids.size > 1 else np.zeros(prev_ids.size, bool)
+                occluded = ~binary.reshape(prev_ids.size, -1).any(1) | suppress
+                meta.last_occluded = np.where(occluded, frame, last)
+                trk_masks = np.where(suppress[:, None, None], np.float32(-10.0), trk_masks)
+            self.update_memories(frame, features, tracked.obj_ids, trk_masks)
+        new_inds = np.flatnonzero(assoc.is_new_det)
+        dropped = 0
+        if prev_ids.size + new_inds.size > cfg.max_num_objects:
+            room = cfg.max_num_objects - prev_ids.size
+            dropped = new_inds.size - room
+            if room <= 0:
+                new_inds = new_inds[:0]
+            elif room < new_inds.size:  # the top-scoring ones, in descending score order
+                new_inds = new_inds[np.argsort(det.scores[new_inds], kind="stable")[::-1][:room]]
+        new_ids = np.arange(meta.max_obj_id + 1, meta.max_obj_id + 1 + new_inds.size, dtype=np.int64)
+        removed_ids = set(int(o) for o in prev_ids[to_remove])
+        matched = assoc.det_to_matched_trk_obj_ids(det, prev_ids)
+        # metadata: the removed rows go, the new ones are appended (Meta's order)
+        prev_status, prev_consecutive = meta.status, meta.consecutive_det
+        meta.keep_rows(~to_remove)
+        meta.append(new_ids, frame, cfg.init_trk_keep_alive)
+        frame_scores = self.sam2_scores.setdefault(frame, {})
+        for o, i in zip(new_ids, new_inds):
+            self.obj_id_to_score[int(o)] = float(det.scores[i])
+            frame_scores[int(o)] = float(det.scores[i])
+        for o in removed_ids:
+            self.obj_id_to_score[o] = REMOVED_SCORE
+            frame_scores[o] = REMOVED_SCORE
+        unconfirmed = []
+        if cfg.masklet_confirmation_enable:
+            hit = set(int(o) for o in new_ids)
+            for ids in matched.values():
+                hit.update(int(o) for o in ids)
+            H.update_confirmation(meta, prev_ids, prev_status, prev_consecutive, hit, cfg)
+            unconfirmed = [int(o) for o in meta.obj_ids[meta.status == H.UNCONFIRMED]]
+        return FramePlan(trk_masks, new_inds, new_ids, removed_ids, unconfirmed, dropped)
+
+    def execute(self, frame: int, features: dict, det: H.Detections, plan: "FramePlan") -> None:
+        """Meta's run_tracker_update_execution_phase: births (all of the frame's in one state), then
+        removals."""
+        if plan.new_ids.size:
+            self.add_objects(frame, features, [int(o) for o in plan.new_ids], det.masks[plan.new_inds])
+        if plan.removed_ids:
+            self.remove_objects(plan.removed_ids)
+
+    def outputs(self, frame: int, det: H.Detections, tracked: "Tracked", plan: "FramePlan") -> FrameOut:
+        """Meta's build_outputs: the tracked objects (after occlusion suppression; removed ones
+        included on their removal frame) and the new objects' detections, at video resolution."""
+        h, w = self.video_hw
+        masks = {}
+        if tracked.obj_ids.size:
+            video = bilinear(plan.track_masks, h, w) > 0
+            masks.update({int(o): video[i] for i, o in enumerate(tracked.obj_ids)})
+        if plan.new_ids.size:
+            video = bilinear(det.masks[plan.new_inds], h, w) > 0
+            masks.update({int(o): video[i] for i, o in enumerate(plan.new_ids)})
+        # tracker probabilities of the tracked objects (set last, as Meta does: they override the
+        # removal score on the removal frame)
+        self.sam2_scores.setdefault(frame, {}).update(
+            {int(o): float(p) for o, p in zip(tracked.obj_ids, _sigmoid(tracked.scores))})
+        stats = {"num_obj_tracked": int(self.meta.obj_ids.size), "num_obj_dropped": int(plan.dropped)}
+        return FrameOut(frame, masks, plan.unconfirmed, plan.removed_ids, stats, dict(self.obj_id_to_score))
