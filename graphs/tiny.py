@@ -59,6 +59,8 @@ class TinyPreset:
     # the random draw says "absent" for every tracked object, so each object vanished one frame after
     # its birth and the detector made a new one; a trained tracker is confident while the object is seen.
     tracker_object_logit: float | None = None
+    # Gain on the detector's query projection (see _rescale_weights), or None for SCORE_GAIN.
+    score_gain: float | None = None
 
 
 TINY = TinyPreset("tiny", hidden=128, feed_forward=256, vit_hidden=64, vit_layers=2, text_hidden=64,
@@ -72,8 +74,10 @@ MID = TinyPreset("mid", hidden=256, feed_forward=2048, vit_hidden=1024, vit_laye
 # (reference/sam31/make_checkpoint.py: image 448, ViT 256 wide / 2 deep, text 256 wide / 2 layers, DETR
 # 2 + 2 layers; every tracker width, head count and memory setting the real model's), so the SAM 3 and
 # SAM 3.1 paths can be measured on the same small config (benchmarks, issue 12).
+# Its score gain is 1: at SCORE_GAIN every query's class logit saturated and all 200 first-frame scores
+# tied at the presence probability (0.99152), so no threshold could choose N objects.
 SMALL = TinyPreset("small", hidden=256, feed_forward=2048, vit_hidden=256, vit_layers=2, text_hidden=256,
-                   text_layers=2, detr_layers=2, memory_attention_layers=4)
+                   text_layers=2, detr_layers=2, memory_attention_layers=4, score_gain=1.0)
 PRESETS = {p.name: p for p in (TINY, DEMO, MID, SMALL)}
 MID_IMAGE_SIZE = 504  # 36 x 36 tokens; window 18 tiles it as the real model's 24 tiles 72
 MID_WINDOW = 18
@@ -214,7 +218,7 @@ def _rescale_weights(model: torch.nn.Module, seed: int, preset: TinyPreset) -> N
     # Spread detection logits (query x text dot products) so scores cross the thresholds depending on
     # the image, and make the presence head confident, as a trained model is on frames with the concept.
     scoring = model.detector_model.dot_product_scoring
-    scoring.query_proj.weight.mul_(SCORE_GAIN)
+    scoring.query_proj.weight.mul_(SCORE_GAIN if preset.score_gain is None else preset.score_gain)
     model.detector_model.detr_decoder.presence_head.layer3.bias.fill_(PRESENCE_LOGIT)
     if preset.tracker_object_logit is not None:
         model.tracker_model.mask_decoder.pred_obj_score_head.proj_out.bias.fill_(preset.tracker_object_logit)

@@ -115,3 +115,25 @@ def test_graph_speed_fills_sam31_buckets_of_16():
         assert feeds["memory_pool"].shape[0] == buckets * 3 and feeds["pointer_pool"].shape[0] == buckets * 2
         assert sorted(feeds["memory_index"].ravel()) == list(range(buckets * 3))
         assert feeds["memory_valid"].all()
+
+
+def test_sam31_benchmark_report_states_ratios_counts_and_calls():
+    from benchmarks.sam31 import _calls, report, threshold
+
+    assert threshold([0.9, 0.8, 0.7], 2) == pytest.approx(0.75)
+    with pytest.raises(SystemExit, match="3 detections; 3 objects need 4"):
+        threshold([0.9, 0.8, 0.7], 3)
+    run31 = {"frame_calls": [{"backbone": 1}, {"backbone": 1, "propagation_decoder": 1}], "frame_objects": [0, 17]}
+    assert _calls(run31) == {"backbone": 1.0, "propagation_decoder": 0.5}
+
+    def side(ms, objects, calls):
+        return {"ms_per_frame": {"median": ms, "min": ms, "max": ms}, "objects_per_frame": objects,
+                "calls_per_frame": calls}
+
+    results = {"command": "python -m benchmarks.sam31", "started": "now", "frames": 3, "clip": "c.mp4", "text": "x",
+               "reps": 1, "threads": None, "counts": {"17": {"sides": {
+                   "ours 3.1": side(500.0, [17], {"propagation_decoder": 1.0}),
+                   "ours 3.0": side(1000.0, [17], {"propagation_decoder": 1.0}),
+                   "Meta 3.1": side(2000.0, [17], None)}}}}
+    row = report(results).strip().splitlines()[-1]
+    assert row == "| 17 | 500 [500-500] | 1,000 [1,000-1,000] | 2,000 [2,000-2,000] | 0.50 | 0.25 | 17 / 17 / 17 | 1 / 1 |"
