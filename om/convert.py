@@ -71,38 +71,6 @@ def make_plans(manifest: dict, gears: dict[str, tuple[int, ...]] | None = None, 
     return plans
 
 
-def open_source(bundle: Path, verify: bool = True) -> Bundle:
-    """The bundle to convert, refused when broken or changed (missing files, sha256). SAM 3 bundles go
-    through Bundle.open and all its checks; a SAM 3.1 bundle, which the runtime does not open yet
-    (Bundle.open refuses its family), gets the checks that do not depend on SAM 3's manifest layout:
-    every graph and the tokenizer present and, with ``verify``, unchanged."""
-    path = Path(bundle) / "manifest.json"
-    try:
-        manifest = json.loads(path.read_text())
-    except (OSError, ValueError, UnicodeDecodeError):
-        manifest = None  # Bundle.open says what is wrong
-    if not isinstance(manifest, dict) or family(manifest) != sam31.FAMILY:
-        return Bundle.open(bundle, verify=verify)
-    graphs = manifest.get("graphs")
-    if not isinstance(graphs, dict) or not graphs:
-        raise ConversionError(f"{path} lists no graphs; export the bundle again")
-    for name, entry in graphs.items():
-        if not isinstance(entry, dict) or not all(k in entry for k in ("file", "sha256", "inputs", "outputs")):
-            raise ConversionError(f"{path}: graph {name!r} has no file, sha256, inputs and outputs; export the "
-                                  "bundle again")
-        for file in [entry["file"]] + entry.get("data_files", []):
-            if not (Path(bundle) / file).is_file():
-                raise ConversionError(f"graph {name} is missing: {Path(bundle) / file} does not exist; export the "
-                                      "bundle again")
-    tok = manifest.get("tokenizer", {}).get("dir")
-    if not tok or not (Path(bundle) / tok / "tokenizer.json").is_file():
-        raise ConversionError(f"{bundle} has no tokenizer/tokenizer.json; export the bundle again")
-    source = Bundle(Path(bundle), manifest)
-    if verify:
-        source.verify()
-    return source
-
-
 def convert_bundle(bundle: Path, soc: str, out: Path, *, gears: dict[str, tuple[int, ...]] | None = None,
                    precision: dict[str, str] | None = None, shape_range=(), overwrite: bool = False,
                    atc: str | None = "auto", log=print) -> dict:
@@ -113,7 +81,7 @@ def convert_bundle(bundle: Path, soc: str, out: Path, *, gears: dict[str, tuple[
         raise ConversionError("--soc is required: 'Ascend' + the Chip Name npu-smi info shows (e.g. Ascend910B2)")
     if out.exists() and not overwrite:
         raise ConversionError(f"{out} already exists; pass --overwrite to replace it or choose another --out")
-    source = open_source(bundle)  # refuses a broken or changed bundle before any work
+    source = Bundle.open(bundle)  # refuses a broken or changed bundle (either family) before any work
     manifest = source.manifest
     fused = [name for name, entry in manifest["graphs"].items() if entry.get("attention") == "fused"]
     if fused:
@@ -194,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     out = args.out or args.bundle.resolve().with_name(args.bundle.resolve().name + "-om")
     try:
-        manifest = open_source(args.bundle, verify=False).manifest
+        manifest = Bundle.open(args.bundle, verify=False).manifest
         known = {a for entry in manifest["graphs"].values() for a in axes_of(entry)}
         gears = parse_gears(args.gears, known)
         precision = parse_precision([p for group in args.precision for p in group], list(manifest["graphs"]))
