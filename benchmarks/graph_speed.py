@@ -29,13 +29,19 @@ def graph_inputs(manifest: dict, graph: str, objects: int, memories: int, pointe
     buckets, the last one partly), each bucket reads its own memories and pointer frames."""
     if manifest.get("family") == "sam3.1" and graph in ("propagation_decoder", "memory_encoder"):
         return _bucket_inputs(manifest, graph, objects, memories, pointers)
-    rng = np.random.default_rng(0)
     sizes = dict(objects=objects, memories=memories, pointers=pointers, memory_rows=objects * memories,
                  pointer_rows=objects * pointers, prompts=1, images=1, points=2)
     index = {"memory_index": np.arange(objects * memories).reshape(objects, memories),
              "pointer_index": np.arange(objects * pointers).reshape(objects, pointers),
              "memory_slot": np.tile(np.arange(1, memories + 1), (objects, 1)),
              "pointer_offset": np.tile(np.arange(1, pointers + 1), (objects, 1))}
+    return _fill(manifest, graph, sizes, index, zeros=("binarize", "via_image", "use_memory", "multimask"))
+
+
+def _fill(manifest: dict, graph: str, sizes: dict, index: dict, zeros=()) -> dict:
+    """Feeds by the manifest's shapes: ``index`` arrays as given, *_valid ones, integer inputs and the
+    ``zeros`` flags 0, everything else seeded normal values."""
+    rng = np.random.default_rng(0)
     feeds = {}
     for t in manifest["graphs"][graph]["inputs"]:
         shape = [sizes[d] if isinstance(d, str) else d for d in t["shape"]]
@@ -43,9 +49,7 @@ def graph_inputs(manifest: dict, graph: str, objects: int, memories: int, pointe
             value = index[t["name"]]
         elif t["name"].endswith("_valid"):
             value = np.ones(shape)
-        elif t["dtype"].startswith("int"):
-            value = np.zeros(shape)
-        elif t["name"] in ("binarize", "via_image", "use_memory", "multimask"):
+        elif t["dtype"].startswith("int") or t["name"] in zeros:
             value = np.zeros(shape)
         else:
             value = rng.standard_normal(shape)
@@ -54,7 +58,6 @@ def graph_inputs(manifest: dict, graph: str, objects: int, memories: int, pointe
 
 
 def _bucket_inputs(manifest: dict, graph: str, objects: int, memories: int, pointers: int) -> dict:
-    rng = np.random.default_rng(0)
     slots = next(t["shape"][1] for t in manifest["graphs"][graph]["inputs"] if t["name"] == "slot_valid")
     buckets = -(-objects // slots)
     side = 16 * manifest["config"]["geometry"]["grid"]  # the memory encoder's mask side in tracking
@@ -66,19 +69,7 @@ def _bucket_inputs(manifest: dict, graph: str, objects: int, memories: int, poin
              "pointer_index": np.arange(buckets * pointers).reshape(buckets, pointers),
              "pointer_offset": np.tile(np.arange(1, pointers + 1) / 15, (buckets, 1)),
              "slot_valid": (np.arange(buckets * slots) < objects).reshape(buckets, slots)}
-    feeds = {}
-    for t in manifest["graphs"][graph]["inputs"]:
-        shape = [sizes[d] if isinstance(d, str) else d for d in t["shape"]]
-        if t["name"] in index:
-            value = index[t["name"]]
-        elif t["name"].endswith("_valid"):
-            value = np.ones(shape)
-        elif t["name"] == "conditioning":
-            value = np.zeros(shape)
-        else:
-            value = rng.standard_normal(shape)
-        feeds[t["name"]] = np.ascontiguousarray(value, dtype=t["dtype"])
-    return feeds
+    return _fill(manifest, graph, sizes, index, zeros=("conditioning",))
 
 
 def session(runtime: str, path: Path, threads: int | None, feeds: dict | None = None):
