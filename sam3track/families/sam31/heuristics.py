@@ -158,7 +158,7 @@ def filter_detections(logits: np.ndarray, boxes: np.ndarray, masks: np.ndarray, 
     if config.det_nms_thresh > 0.0:
         keep = nms_iom(probs, masks, config.score_threshold_detection, config.det_nms_thresh, config.det_nms_use_iom)
         masks = np.where(keep[:, None, None], masks, np.float32(-1e4))  # Meta: suppressed logits -1e4
-        probs = np.where(keep, probs, np.float32(1.0 / (1.0 + np.exp(1e4))))
+        probs = np.where(keep, probs, np.float32(0.0))  # sigmoid(-1e4): exactly 0 in float32
     keep = probs > config.score_threshold_detection
     if config.suppress_det_close_to_boundary:
         xc = (boxes[:, 0] + boxes[:, 2]) / 2
