@@ -231,10 +231,8 @@ class OfficialPredictor:
                                    "alone, or the boxes alone (tracker box prompts, one object per box)")
             if not isinstance(text, str) or not text.strip():
                 raise RequestError(f"add_prompt: text must be the words to find, e.g. 'dog', not {shown(text)}")
-            # as the official SAM 3 predictor: a text prompt starts over, then that frame is tracked
-            session.reset()
-            session.add_prompt(frame_index=frame, text=text)
-            return {"frame_index": frame, "outputs": session.run_frame(frame).to_official()}
+            # as the official predictor: a text prompt starts over, then that frame is tracked
+            return {"frame_index": frame, "outputs": session.text_prompt_result(frame, text).to_official()}
 
         if points is None and boxes is None:
             raise RequestError("add_prompt needs text, points (with obj_id) or bounding_boxes")

@@ -429,6 +429,13 @@ class Session:
         self.stream_index = 0
         self._stream_size = None
 
+    def text_prompt_result(self, frame_index: int, text: str):
+        """The official predictor's text add_prompt: start over, find `text` on `frame_index`, return that
+        frame's result (the official request API's semantics, sam3track/compat.py)."""
+        self.reset()
+        self.add_prompt(frame_index=frame_index, text=text)
+        return self.run_frame(frame_index)
+
     def memory_usage(self) -> dict[str, int]:
         return {"memory_rows": self.bank.memories.used, "pointer_rows": self.bank.pointers.used,
                 "memory_capacity": self.bank.memories.capacity, "pointer_capacity": self.bank.pointers.capacity}

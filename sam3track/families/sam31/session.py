@@ -119,6 +119,25 @@ class Sam31Session:
         self._check_frame(index)
         return self.source.read(index)
 
+    def _forget(self) -> None:
+        self.tracker.reset()
+        self.cached.clear()
+        self.suppressed.clear()
+        self.history.clear()
+        self.prompted_frames = set()
+
+    def reset(self) -> None:
+        """Start over on the same video: every object, memory and prompt forgotten (Meta's
+        reset_session request)."""
+        self._check_open()
+        self._check_idle("reset() was called")
+        self._forget()
+
+    def text_prompt_result(self, frame_index: int, text: str) -> FrameResult:
+        """The official predictor's text add_prompt: start over, find `text` on `frame_index`, return that
+        frame's result (here add_prompt itself, as Meta's SAM 3.1 predictor does)."""
+        return self.add_prompt(frame_index=frame_index, text=text)
+
     def run_frame(self, frame_index: int):
         raise PromptError("run_frame() is not available for SAM 3.1 bundles: a text add_prompt already runs its "
                           "frame and returns its result, as Meta's predictor does")
@@ -143,11 +162,7 @@ class Sam31Session:
         if not isinstance(text, str) or not text.strip():
             raise PromptError(f"add_prompt needs text= (a noun phrase such as 'bike'), not {shown(text)}")
         ids, _ = self.predictor.tokenizer(text.strip())
-        self.tracker.reset()
-        self.cached.clear()
-        self.suppressed.clear()
-        self.history.clear()
-        self.prompted_frames = set()
+        self._forget()
         self.tracker.set_text(ids)
         self._text = text.strip()
         out = self._run(int(frame_index), reverse=False, round_levels=True)
