@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import json
 import time
-import warnings
 from pathlib import Path
 
 import numpy as np
@@ -62,50 +61,19 @@ def export_tracker_graphs(state_dict: dict, out_dir, attention: str = "fused", i
 
 
 def export_graph(trk, dims, name: str, out_dir: Path, attention: str) -> dict:
-    import onnx
-    import torch
-
-    from sam3track.bundle import file_sha256
-
-    from .. import bf16_rounding
-    from ..export import OPSET, _deduplicate_constants
-    from ..modules import ATTENTION_MODES, transformers_attention
+    """One tracker graph through graphs.export.export_module (the exporter every family shares)."""
+    from ..export import export_module
+    from ..modules import ATTENTION_MODES
 
     if attention not in ATTENTION_MODES:
         raise ValueError(f"attention must be one of {ATTENTION_MODES}, got {attention!r}")
     spec = tracker_specs.graph_specs(dims)[name]
-    module = spec.module(trk).eval()
-    module.attention_mode = attention
+    module = spec.module(trk)
     inputs = tracker_specs.sample_inputs(spec, dims, tracker_specs.trace_sizes(dims))
-    path = out_dir / f"{name}.onnx"
     try:
-        with warnings.catch_warnings(), transformers_attention(module, attention):
-            warnings.simplefilter("ignore")  # tracer warnings about Python control flow on fixed sizes
-            torch.onnx.export(module, tuple(inputs[t.name] for t in spec.inputs), str(path),
-                              input_names=[t.name for t in spec.inputs], output_names=[t.name for t in spec.outputs],
-                              dynamic_axes=spec.dynamic_axes, opset_version=OPSET, dynamo=False,
-                              do_constant_folding=True,
-                              custom_opsets={"com.microsoft": 1} if attention == "fused" else None)
+        return export_module(module, spec, inputs, out_dir, attention=attention)
     finally:
-        module.attention_mode = "plain"
-    proto = onnx.load(str(path))
-    _deduplicate_constants(proto)
-    rounding = bf16_rounding.name_nodes(proto, name)
-    onnx.save_model(proto, str(path))
-    bound = {i.name for i in proto.graph.input}
-    missing = [t.name for t in spec.inputs if t.name not in bound]
-    if missing:
-        raise RuntimeError(f"graph {name}: inputs {missing} were pruned by the exporter; they are unused")
-
-    def tensors(items):
-        return [{"name": t.name, "dtype": t.dtype, "shape": list(t.shape)} for t in items]
-
-    return {
-        "file": path.name, "data_files": [], "sha256": {path.name: file_sha256(path)},
-        "bytes": path.stat().st_size, "precision": "fp32",
-        "attention": "fused" if any(n.domain == "com.microsoft" for n in proto.graph.node) else "plain",
-        "bf16_rounding": rounding, "inputs": tensors(spec.inputs), "outputs": tensors(spec.outputs),
-    }
+        module.attention_mode = "plain"  # the torch checks run the wrappers in plain attention
 
 
 # ------------------------------------------------------------------------------------------ running
