@@ -65,10 +65,22 @@ class TrackerState:
     registry: BucketRegistry
     frames: dict[int, FrameRecord] = field(default_factory=dict)
     tracked: dict[int, bool] = field(default_factory=dict)  # frame -> reverse (frames_already_tracked)
+    # Conditioning outputs of frames tracked again. Meta keeps a frame's conditioning and
+    # non-conditioning outputs apart; an object extracted from its bucket for a click keeps its old
+    # conditioning frames (pointer only, no memory), and tracking such a frame again adds a
+    # non-conditioning output beside it: both are read from then on.
+    kept_cond: dict[int, FrameRecord] = field(default_factory=dict)
+    points: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)  # (obj, frame) -> clicks
+    refined: dict[int, set[int]] = field(default_factory=dict)  # obj -> frames refined (user_refined_frames_per_obj)
 
     @property
     def obj_ids(self) -> list[int]:
         return self.registry.obj_ids
+
+    def records(self):
+        """Every stored output of this state (the frames' and the kept conditioning ones)."""
+        yield from self.frames.values()
+        yield from self.kept_cond.values()
 
 
 @dataclass
@@ -76,14 +88,24 @@ class Selection:
     memories: list[tuple[int, int]]  # (frame, temporal slot)
     pointers: list[tuple[int, int]]  # (frame, distance)
     scale: int  # pointer offset = distance / scale
+    memory_records: list[FrameRecord] = field(default_factory=list)  # the records read, in the same order
+    pointer_records: list[FrameRecord] = field(default_factory=list)
 
 
 def select(frame: int, state: TrackerState, num_frames: int, reverse: bool, num_maskmem: int, max_cond: int,
            max_pointers: int) -> Selection:
     """Meta's memory selection for one propagation step of `state` at `frame` (tpos v2 for
-    conditioning frames, pointers of future conditioning frames included, stride 1)."""
-    cond = sorted(f for f, r in state.frames.items() if r.cond and f != frame)
-    non_cond = {f for f, r in state.frames.items() if not r.cond and f != frame}
+    conditioning frames, pointers of future conditioning frames included, stride 1).
+
+    Conditioning outputs at `frame` itself count (Meta does not exclude them: only an extracted
+    object's kept conditioning frame can be tracked again, and its pointer is read at distance 0),
+    and an output without a memory (extracted ones) gives its pointer but no memory entry, as Meta
+    skips a stored frame whose maskmem_features is None."""
+    conds = {f: r for f, r in state.frames.items() if r.cond}
+    for f, r in state.kept_cond.items():
+        conds.setdefault(f, r)
+    non_conds = {f: r for f, r in state.frames.items() if not r.cond and f != frame}
+    cond = sorted(conds)
     if len(cond) <= max_cond:
         selected = list(cond)
     else:  # select_closest_cond_frames: closest before, closest at or after, then the nearest
@@ -96,27 +118,41 @@ def select(frame: int, state: TrackerState, num_frames: int, reverse: bool, num_
             selected.append(min(after))
         rest = sorted((t for t in cond if t not in selected), key=lambda t: abs(t - frame))
         selected += rest[:max_cond - len(selected)]
-    unselected = {t for t in cond if t not in selected}
+    unselected = {t: conds[t] for t in cond if t not in selected}
+
+    def previous(t: int):  # Meta: non_cond_frame_outputs.get(t, unselected_cond_outputs.get(t))
+        return non_conds.get(t, unselected.get(t))
+
     sign = -1 if reverse else 1
-    memories = []
+    sel = Selection([], [], 0)
+
+    def add_memory(t: int, slot: int, record: FrameRecord) -> None:
+        if record.memory_rows is not None:
+            sel.memories.append((t, slot))
+            sel.memory_records.append(record)
+
     for t in selected:
         t_pos = (frame - t) * sign
         # 3.1's tpos v2: a conditioning frame 1..6 frames back gets the distance slot (SAM 3: always the last)
-        memories.append((t, num_maskmem - 1 - t_pos if 1 <= t_pos < num_maskmem else num_maskmem - 1))
+        add_memory(t, num_maskmem - 1 - t_pos if 1 <= t_pos < num_maskmem else num_maskmem - 1, conds[t])
     for t_pos in range(1, num_maskmem):
         d = num_maskmem - t_pos
         t = frame + d if reverse else frame - d
-        if t in non_cond or t in unselected:
-            memories.append((t, d - 1))
+        if previous(t) is not None:
+            add_memory(t, d - 1, previous(t))
     window = min(num_frames, max_pointers)
-    pointers = [(t, abs(frame - t)) for t in selected]
+    for t in selected:
+        sel.pointers.append((t, abs(frame - t)))
+        sel.pointer_records.append(conds[t])
     for d in range(1, window):
         t = frame + d if reverse else frame - d
         if t < 0 or t >= num_frames:
             break
-        if t in non_cond or t in unselected:
-            pointers.append((t, d))
-    return Selection(memories, pointers, window - 1)
+        if previous(t) is not None:
+            sel.pointers.append((t, d))
+            sel.pointer_records.append(previous(t))
+    sel.scale = window - 1
+    return sel
 
 
 class MultiplexMemory:
@@ -166,7 +202,7 @@ class MultiplexMemory:
     def keep_buckets(self, state: TrackerState, keep: list[int]) -> None:
         """Slice every stored frame of `state` to the buckets kept (Meta's remove_objects slices
         maskmem_features and obj_ptr at bucket granularity only)."""
-        for record in state.frames.values():
+        for record in state.records():
             gone = [r for b, r in enumerate(record.pointer_rows) if b not in keep]
             self.pointers.release(gone)
             record.pointer_rows = [record.pointer_rows[b] for b in keep]
@@ -185,6 +221,10 @@ class MultiplexMemory:
             bk, s = where[o]
             host[bk, s] = p
         self.write_pointer_rows(rows, host)
+
+    def pointer_of(self, record: FrameRecord, bucket: int, slot: int) -> np.ndarray:
+        """One object's pointer in a stored frame (host copy)."""
+        return self.backend.to_host(self.pointers.tensor, np.asarray([record.pointer_rows[bucket]]))[0, slot]
 
     def write_pointer_rows(self, rows, host: np.ndarray) -> None:
         """pointer_pool[rows[i]] = host[i] (one upload, then device copies; the upload is freed)."""
@@ -216,14 +256,13 @@ def propagation_feeds(calls: list[tuple[TrackerState, int, Selection]]) -> dict[
             ii = np.full(n, ZERO_ROW, np.int32)
             ms = np.zeros(n, np.int32)
             mv = np.zeros(n, np.float32)
-            for j, (f, slot) in enumerate(sel.memories):
-                rec = state.frames[f]
+            for j, ((_, slot), rec) in enumerate(zip(sel.memories, sel.memory_records)):
                 mi[j], ii[j], ms[j], mv[j] = rec.memory_rows[bucket], rec.image_row, slot, 1.0
             pi = np.full(p, ZERO_ROW, np.int32)
             po = np.zeros(p, np.float32)
             pv = np.zeros(p, np.float32)
-            for j, (f, dist) in enumerate(sel.pointers):
-                pi[j] = state.frames[f].pointer_rows[bucket]
+            for j, ((_, dist), rec) in enumerate(zip(sel.pointers, sel.pointer_records)):
+                pi[j] = rec.pointer_rows[bucket]
                 po[j] = np.float32(dist) / np.float32(sel.scale)
                 pv[j] = 1.0
             for k, v in zip(cols, (mi, ii, ms, mv, pi, po, pv)):

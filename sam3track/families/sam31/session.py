@@ -15,7 +15,8 @@ Where this follows Meta's SAM 3.1 predictor rather than sam3track's SAM 3 sessio
 - objects removed by the hotstart rule are not hidden on the frames held back before their removal.
 
 Not implemented yet (each is a clear error or documented skip, never a silent divergence in the
-recorded scenarios): clicks and boxes (PromptError), reconditioning every 16th frame (Meta needs
+recorded scenarios): boxes (PromptError), a second refinement of an object on a frame it was refined
+on and tracked through since (PromptError), reconditioning every 16th frame (Meta needs
 detections scoring >= 0.8; skipped), streaming track().
 """
 
@@ -151,7 +152,7 @@ class Sam31Session:
     def add_prompt(self, frame_index: int = 0, text: str | None = None, points=None, labels=None, boxes=None,
                    obj_id=None, clear_old_points: bool = True) -> FrameResult:
         """A text prompt: the session starts over (Meta's add_prompt resets it), finds the text on
-        `frame_index` and returns that frame's result. Clicks and boxes are not supported yet."""
+        `frame_index` and returns that frame's result. With points= (and obj_id) it adds or refines one object (boxes are not supported yet)."""
         self._check_open()
         self._check_idle("add_prompt() was called")
         self._check_frame(frame_index)
@@ -170,8 +171,9 @@ class Sam31Session:
         return self._postprocess(out.frame, out.masks, scores=out.scores)
 
     def _add_clicks(self, frame: int, points, labels, boxes, obj_id, clear_old_points) -> FrameResult:
-        """Clicks that add a new object (Meta's add_sam2_new_points): a singleton tracker state, the
-        frame its conditioning frame; the result is the frame's cached result with the new mask."""
+        """Clicks (Meta's add_sam2_new_points): a new obj_id adds an object in a singleton tracker state
+        of its own; a tracked one is refined (extracted from its bucket the first time, see
+        Sam31Tracker.refine_object). The result is the frame's cached result with the new mask."""
         from ...interactive import parse_clicks
 
         where = f"add_prompt on frame {frame}"
@@ -186,23 +188,25 @@ class Sam31Session:
             raise ObjectIdError(f"{where}: obj_id {shown(obj_id)} must be a whole number >= 0 (or None for a new "
                                 "object)")
         obj_id = int(obj_id)
-        if obj_id in t.obj_ids:
-            raise PromptError(f"{where}: refining tracked object {obj_id} with clicks is not supported for SAM 3.1 "
-                              "bundles yet (Meta extracts it from its bucket into a singleton state); click with "
-                              "a new obj_id to add an object")
-        if len(t.obj_ids) >= self.config.max_num_objects:
+        refine = obj_id in t.obj_ids
+        if not refine and len(t.obj_ids) >= self.config.max_num_objects:
             raise PromptError(f"{where}: a new object {obj_id} would exceed max_num_objects="
                               f"{self.config.max_num_objects}; remove an object first or load with a larger "
                               "max_num_objects")
         cfg = self.config
         # Meta's points are relative coordinates times the model's image size
         coords = (click.coords.astype(np.float64) / np.asarray([w, h])).astype(np.float32) * np.float32(cfg.image_size)
-        n = len(click.labels)
-        multimask = cfg.multimask_output_in_sam and cfg.multimask_min_pt_num <= n <= cfg.multimask_max_pt_num
+        labels = click.labels.astype(np.int32)
         px = pixel_values(self.source.read(frame), cfg)
         features = t.encode(px, round_levels=False)  # Meta's batched-grounding features
-        mask = t.add_clicked_object(frame, features, obj_id, coords, click.labels.astype(np.int32), multimask)
-        self.history.append({"type": "add", "obj_ids": [obj_id], "frame_idx": frame})
+        if refine:
+            # Meta's _has_object_been_refined: any add or refine of this object since the last reset
+            first = not any(a["type"] in ("add", "refine") and obj_id in a["obj_ids"] for a in self.history)
+            mask = t.refine_object(frame, features, obj_id, coords, labels, keep_old_points=not clear_old_points,
+                                   first_interaction=first)
+        else:
+            mask = t.add_clicked_object(frame, features, obj_id, coords, labels)
+        self.history.append({"type": "refine" if refine else "add", "obj_ids": [obj_id], "frame_idx": frame})
         self.prompted_frames.add(frame)
         merged = dict(self.cached.get(frame, {}))
         merged[obj_id] = mask

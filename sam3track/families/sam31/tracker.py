@@ -84,7 +84,7 @@ class Sam31Tracker:
         """Meta's reset_state: forget every state, object and score."""
         if getattr(self, "states", None):
             for state in self.states:
-                for record in state.frames.values():
+                for record in state.records():
                     self.memory.release_record(record)
         self.states: list[TrackerState] = []
         self.meta = H.TrackMeta()
@@ -161,7 +161,9 @@ class Sam31Tracker:
             for state, _, _ in calls:
                 nb = state.registry.num_buckets
                 old = state.frames.pop(frame, None)
-                if old is not None:
+                if old is not None and old.cond:
+                    state.kept_cond[frame] = old  # an extracted conditioning output stays beside the new one
+                elif old is not None:
                     mem.release_record(old)
                 state.frames[frame] = FrameRecord(
                     cond=False, masks=state.registry.unpack(masks[start:start + nb]),
@@ -329,27 +331,113 @@ class Sam31Tracker:
                 continue
             keep = state.registry.remove(gone)
             self.memory.keep_buckets(state, keep)
-            for record in state.frames.values():
+            for record in state.records():
                 for o in gone:
                     record.masks.pop(o, None)
                     record.scores.pop(o, None)
                     record.conditioning.discard(o)
+            for key in [k for k in state.points if k[0] in gone]:
+                del state.points[key]
             if state.obj_ids:
                 kept_states.append(state)
             else:
-                for record in state.frames.values():
+                for record in state.records():
                     self.memory.release_record(record)
         self.states = kept_states
 
     # ------------------------------------------------------------------------------------ clicks
-    def add_clicked_object(self, frame: int, features: dict, obj_id: int, coords: np.ndarray, labels: np.ndarray,
-                           multimask: bool) -> np.ndarray:
+    def add_clicked_object(self, frame: int, features: dict, obj_id: int, coords: np.ndarray,
+                           labels: np.ndarray) -> np.ndarray:
         """Meta's add_sam2_new_points for a new object: a new singleton tracker state (3.1: a clicked
-        object never joins an existing bucket; SAM 3 adds it to the one session state), the interactive
-        decoder on the memory-free interactive features, the frame a conditioning frame of that state.
-        Its stored mask takes Meta's trip through the video resolution (consolidation), and the memory is
-        encoded from it. Returns the click's mask at video resolution (bool [H, W])."""
+        object never joins an existing bucket; SAM 3 adds it to the one session state) whose
+        conditioning frame is the clicked one. Returns the click's mask at video resolution."""
+        state = TrackerState(BucketRegistry.for_objects([obj_id], self.config.multiplex_count))
+        self.states.append(state)
+        mask = self._apply_clicks(state, frame, features, obj_id, coords, labels)
+        self.meta.append(np.asarray([obj_id], np.int64), frame, self.config.init_trk_keep_alive)
+        self._score_user_object(frame, obj_id)
+        return mask
+
+    def refine_object(self, frame: int, features: dict, obj_id: int, coords: np.ndarray, labels: np.ndarray,
+                      keep_old_points: bool, first_interaction: bool) -> np.ndarray:
+        """Meta's add_sam2_new_points for a tracked object (refinement). The first click on an object
+        that shares its tracker state extracts it into a singleton state of its own
+        (_extract_object_to_singleton_state: its slot in the old bucket becomes a hole; it keeps its
+        outputs and pointers of every frame, but not its memories, which were its bucket's). The clicks
+        (with this frame's earlier ones unless clear_old_points) then go through the interactive
+        decoder on memory-free features, as a new object's would (Meta's gap-fill case on a frame
+        not tracked in that state, its interaction-only first refinement on a tracked one), and the
+        frame becomes a conditioning frame of the state. Returns the mask at video resolution."""
+        where = f"add_prompt on frame {frame}"
+        state = next(s for s in self.states if obj_id in s.obj_ids)
+        if first_interaction and len(state.obj_ids) > 1:
+            state = self._extract_to_singleton(state, obj_id)
+        if len(state.obj_ids) > 1 or state.registry.positions()[obj_id] != (0, 0):
+            # Meta's paths there (a gap fill batched with the state's other objects; a merge that moves the
+            # object to slot 0) are not reproduced yet
+            why = ("objects born since share its tracker state" if len(state.obj_ids) > 1 else
+                   "it is alone in its tracker state but not in its first slot (its bucket-mates were removed)")
+            raise PromptError(f"{where}: refining object {obj_id} is not supported for SAM 3.1 bundles when {why}; "
+                              "click with a new obj_id to add the object again instead")
+        refined = state.refined.setdefault(obj_id, set())
+        if frame in state.tracked:
+            if frame in refined:
+                raise PromptError(f"{where}: object {obj_id} was refined on this frame and tracked through it "
+                                  "since; Meta refines it again from its previous mask on memory-conditioned "
+                                  "features, which SAM 3.1 bundles do not support yet. Call reset() and prompt "
+                                  "again, or click on another frame")
+            refined.add(frame)
+            del state.tracked[frame]  # the frame is a conditioning frame again (Meta's merge forgets it)
+        old = state.points.get((obj_id, frame))
+        if keep_old_points and old is not None:
+            coords, labels = np.concatenate([old[0], coords]), np.concatenate([old[1], labels])
+        mask = self._apply_clicks(state, frame, features, obj_id, coords, labels)
+        self._score_user_object(frame, obj_id)
+        meta = self.meta
+        if self.config.masklet_confirmation_enable:
+            i = int(np.flatnonzero(meta.obj_ids == obj_id)[0])
+            # Meta writes status 1 here, which is UNCONFIRMED (its comment says it confirms the object)
+            meta.status[i] = H.UNCONFIRMED
+            meta.consecutive_det[i] = self.config.masklet_confirmation_consecutive_det_thresh
+        return mask
+
+    def _score_user_object(self, frame: int, obj_id: int) -> None:
+        self.obj_id_to_score[obj_id] = 1.0  # Meta scores user-prompted objects 1.0
+        self.sam2_scores.setdefault(frame, {})[obj_id] = 1.0
+
+    def _extract_to_singleton(self, source: TrackerState, obj_id: int) -> TrackerState:
+        """Meta's _extract_object_to_singleton_state: a new state holding only `obj_id`, with its
+        masks, scores, conditioning flags and pointer (moved to slot 0) of every frame the source
+        stored for it, and no memories (Meta's demux of the bucket memory fails its shape check and
+        leaves None: those frames give pointers only). No frame counts as tracked in the new state.
+        The source loses the object as by remove_object."""
+        mem = self.memory
+        state = TrackerState(BucketRegistry.for_objects([obj_id], self.config.multiplex_count))
+        bucket, slot = source.registry.positions()[obj_id]
+        for kind, records in (("frames", source.frames), ("kept_cond", source.kept_cond)):
+            for f, rec in records.items():
+                if obj_id not in rec.masks:
+                    continue
+                rows = mem.pointers.allocate(1)
+                mem.write_pointer_rows(rows, state.registry.pack({obj_id: mem.pointer_of(rec, bucket, slot)}))
+                getattr(state, kind)[f] = FrameRecord(
+                    cond=rec.cond, masks={obj_id: rec.masks[obj_id].copy()}, scores={obj_id: rec.scores[obj_id]},
+                    pointer_rows=[int(rows[0])], conditioning={obj_id} & rec.conditioning)
+        state.points = {k: v for k, v in source.points.items() if k[0] == obj_id}
+        self.remove_objects([obj_id])
+        self.states.append(state)
+        return state
+
+    def _apply_clicks(self, state: TrackerState, frame: int, features: dict, obj_id: int, coords: np.ndarray,
+                      labels: np.ndarray) -> np.ndarray:
+        """The interactive decoder on the frame's memory-free interactive features for the clicks of
+        one object of a one-object state; the result becomes the state's conditioning output on the
+        frame (any earlier output there is dropped). Its stored mask takes Meta's trip through the
+        video resolution (consolidation), and the memory is encoded from it. Returns the mask at
+        video resolution (bool [H, W])."""
         cfg, b, mem = self.config, self.backend, self.memory
+        n = len(labels)
+        multimask = cfg.multimask_output_in_sam and cfg.multimask_min_pt_num <= n <= cfg.multimask_max_pt_num
         inter = self.interactive(features)
         size = cfg.low_res_mask_size
         out = b.run(self.graphs["interactive_decoder"], {
@@ -362,19 +450,19 @@ class Sam31Tracker:
         pointer = b.to_host(out["object_pointer"])[0]
         h, w = self.video_hw
         video = bilinear(low, h, w)  # _get_orig_video_res_output (one object: no non-overlap)
-        state = TrackerState(BucketRegistry.for_objects([obj_id], cfg.multiplex_count))
-        rows = mem.pointers.allocate(1)
+        for records in (state.frames, state.kept_cond):
+            old = records.pop(frame, None)
+            if old is not None:
+                mem.release_record(old)
+        rows = mem.pointers.allocate(state.registry.num_buckets)
         mem.write_pointer_rows(rows, state.registry.pack({obj_id: pointer}))
         record = FrameRecord(cond=True, masks={obj_id: bilinear_antialias(video, size, size)[0]},
-                             scores={obj_id: score}, pointer_rows=[int(rows[0])], conditioning={obj_id},
+                             scores={obj_id: score}, pointer_rows=[int(r) for r in rows], conditioning={obj_id},
                              consolidated=True)
         state.frames[frame] = record
-        self.states.append(state)
+        state.points[(obj_id, frame)] = (coords, labels)
         image = cfg.image_size
         self._encode(features, [(state, record, {obj_id: bilinear(record.masks[obj_id][None], image, image)[0]})])
-        self.meta.append(np.asarray([obj_id], np.int64), frame, cfg.init_trk_keep_alive)
-        self.obj_id_to_score[obj_id] = 1.0  # Meta scores user-prompted objects 1.0
-        self.sam2_scores.setdefault(frame, {})[obj_id] = 1.0
         return video[0] > 0
 
     def propagate_objects(self, frame: int, reverse: bool, num_frames: int, features: dict,
