@@ -319,7 +319,7 @@ def test_resizes_match_torch():
     for h, w in ((448, 448), (512, 512), (272, 640), (144, 176)):
         t = F.interpolate(torch.from_numpy(x)[:, None], size=(h, w), mode="bilinear", align_corners=False)[:, 0]
         np.testing.assert_allclose(bilinear(x, h, w), t.numpy(), rtol=0, atol=1e-5)
-    binary = (rng.random((2, 512, 512)) > 0.5).astype(np.float32)
+    binary = (rng.random((19, 512, 512)) > 0.5).astype(np.float32)  # more planes than a chunk
     for h, w in ((272, 640), (144, 176)):
         t = F.interpolate(torch.from_numpy(binary)[:, None], size=(h, w), mode="bilinear", align_corners=False,
                           antialias=True)[:, 0].numpy()

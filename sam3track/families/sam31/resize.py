@@ -85,15 +85,30 @@ def _aa_taps(in_size: int, out_size: int):
 
 
 def _aa_axis(x: np.ndarray, size: int, axis: int) -> np.ndarray:
-    """t = x0 * w0, then t += x_j * w_j with one rounding per step (the kernel's fused multiply-adds)."""
+    """t = x0 * w0, then t += x_j * w_j with one rounding per step (the kernel's fused multiply-adds:
+    the float32 product is exact in float64, so one float64 add and one rounding to float32). Done in
+    place on chunks of planes that stay in cache: the same operations as on the whole stack, bit for bit
+    (it was 3.6 s of a 128-object birth frame)."""
     idx, weights = _aa_taps(x.shape[axis], size)
     shape = [1] * x.ndim
     shape[axis] = size
-    out = None
-    for k in range(idx.shape[1]):
-        taken = np.take(x, idx[:, k], axis=axis).astype(np.float64)
-        w = weights[:, k].reshape(shape).astype(np.float64)
-        out = (taken * w).astype(np.float32) if out is None else (out + taken * w).astype(np.float32)
+    w64 = [weights[:, k].reshape(shape).astype(np.float64) for k in range(idx.shape[1])]
+    out_shape = list(x.shape)
+    out_shape[axis] = size
+    out = np.empty(out_shape, np.float32)
+    for s in range(0, x.shape[0], _CHUNK):
+        part, o = x[s:s + _CHUNK], out[s:s + _CHUNK]
+        taken = np.empty(o.shape, np.float64)
+        acc = np.empty(o.shape, np.float64)
+        for k in range(idx.shape[1]):
+            taken[...] = np.take(part, idx[:, k], axis=axis)
+            taken *= w64[k]
+            if k == 0:
+                o[...] = taken
+            else:
+                acc[...] = o
+                acc += taken
+                o[...] = acc
     return out
 
 
