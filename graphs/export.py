@@ -354,21 +354,28 @@ def export_bundle(checkpoint: Path, out: Path, fp16: tuple[str, ...] = (), overw
                 "opset": OPSET, "attention": attention, "export_seconds": round(time.perf_counter() - started, 1),
             },
         }
-        (staging / "manifest.json").write_text(json.dumps(manifest, indent=2))
         if not keep_source:
             shutil.rmtree(staging / "source", ignore_errors=True)
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(staging, 0o777 & ~umask)  # mkdtemp creates it private; a bundle is an ordinary directory
-        for file in staging.rglob("*"):  # onnx writes external data files private too
-            if file.is_file():
-                os.chmod(file, 0o666 & ~umask)
-        replace_directory(staging, out)  # --overwrite: the old bundle goes only once the new one is complete
+        publish_bundle(staging, manifest, out)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
     log(f"bundle written to {out}")
     return out
+
+
+def publish_bundle(staging: Path, manifest: dict, out: Path) -> None:
+    """The last step of every family's export: the manifest written last, ordinary permissions, and
+    the staging directory renamed into place (with --overwrite the old bundle goes only once the new
+    one is complete)."""
+    (staging / "manifest.json").write_text(json.dumps(manifest, indent=2))
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(staging, 0o777 & ~umask)  # mkdtemp creates it private; a bundle is an ordinary directory
+    for file in staging.rglob("*"):  # onnx writes external data files private too
+        if file.is_file():
+            os.chmod(file, 0o666 & ~umask)
+    replace_directory(staging, out)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -13,14 +13,11 @@ error (sam3track/bundle.py).
 
 from __future__ import annotations
 
-import json
-import os
 import shutil
 import tempfile
 import time
 from pathlib import Path
 
-from sam3track.atomic_files import replace_directory
 from sam3track.bundle import file_sha256
 
 from ..checkpoint import CheckpointError
@@ -149,7 +146,7 @@ def export_bundle(checkpoint: Path | None, out: Path, overwrite: bool = False, t
     import torch
     import transformers
 
-    from ..export import OPSET, export_module
+    from ..export import OPSET, export_module, publish_bundle
     from ..modules import ATTENTION_MODES
     from .tracker_check import export_tracker_graphs
 
@@ -230,14 +227,7 @@ def export_bundle(checkpoint: Path | None, out: Path, overwrite: bool = False, t
                 "opset": OPSET, "attention": attention, "export_seconds": round(time.perf_counter() - started, 1),
             },
         }
-        (staging / "manifest.json").write_text(json.dumps(manifest, indent=2))
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(staging, 0o777 & ~umask)  # mkdtemp creates it private; a bundle is an ordinary directory
-        for file in staging.rglob("*"):
-            if file.is_file():
-                os.chmod(file, 0o666 & ~umask)
-        replace_directory(staging, out)
+        publish_bundle(staging, manifest, out)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
