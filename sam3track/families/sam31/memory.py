@@ -51,7 +51,7 @@ class FrameRecord:
     cond: bool
     masks: dict[int, np.ndarray]  # obj_id -> low-res logits [L, L] (pred_masks)
     scores: dict[int, float]  # obj_id -> object score logit
-    pointer_rows: list[int]  # per bucket, rows of the pointer pool
+    pointer_rows: list[int] | None  # per bucket, rows of the pointer pool (None: evicted)
     conditioning: set[int] = field(default_factory=set)  # objects flagged in the conditioning channel
     memory_rows: list[int] | None = None  # per bucket, once encoded
     image_row: int | None = None
@@ -148,7 +148,7 @@ def select(frame: int, state: TrackerState, num_frames: int, reverse: bool, num_
         t = frame + d if reverse else frame - d
         if t < 0 or t >= num_frames:
             break
-        if previous(t) is not None:
+        if previous(t) is not None and previous(t).pointer_rows is not None:  # None: evicted (fixed pools)
             sel.pointers.append((t, d))
             sel.pointer_records.append(previous(t))
     sel.scale = window - 1
@@ -156,14 +156,50 @@ def select(frame: int, state: TrackerState, num_frames: int, reverse: bool, num_
 
 
 class MultiplexMemory:
-    """The three device pools and the reference counts of image rows."""
+    """The three device pools and the reference counts of image rows.
 
-    def __init__(self, backend: Backend, hw: int, channels: int, slots: int, rows: int = 64):
-        self.backend = backend
-        self.memories = GrowingPool(backend, (hw, channels), rows, name="memory pool")
-        self.images = GrowingPool(backend, (hw, channels), max(rows // 4, 4), name="image pool")
-        self.pointers = GrowingPool(backend, (slots, channels), rows, name="pointer pool")
+    fixed: the pools' row counts where the propagation decoder was compiled for them (an OM bundle:
+    om.sam31.capacities), None to grow as needed. Fixed pools cannot hold every frame, so their
+    owner frees, frame by frame, what no later step of the pass can read (`evict`); growing pools
+    keep everything, as Meta's predictor does."""
+
+    SETTING = "pool rows (om.convert --gears memory_rows=N,image_rows=N,pointer_rows=N)"
+
+    def __init__(self, backend: Backend, hw: int, channels: int, slots: int, rows: int = 64,
+                 fixed: dict[str, int] | None = None):
+        self.backend, self.fixed = backend, fixed
+        if fixed:
+            def pool(shape, key, name):
+                return DevicePool(backend, shape, fixed[key], name=name, setting=self.SETTING)
+
+            self.memories = pool((hw, channels), "memory_rows", "memory pool")
+            self.images = pool((hw, channels), "image_rows", "image pool")
+            self.pointers = pool((slots, channels), "pointer_rows", "pointer pool")
+        else:
+            self.memories = GrowingPool(backend, (hw, channels), rows, name="memory pool")
+            self.images = GrowingPool(backend, (hw, channels), max(rows // 4, 4), name="image pool")
+            self.pointers = GrowingPool(backend, (slots, channels), rows, name="pointer pool")
         self._image_refs: dict[int, int] = {}
+
+    def evict(self, states: list[TrackerState], frame: int, reverse: bool, num_maskmem: int, pointer_window: int,
+              pinned=frozenset()) -> None:
+        """After tracking `frame`: free the memory (and image) rows of non-conditioning frames too far
+        behind for the next frame in the same direction to read (num_maskmem - 1 back), and their
+        pointer rows past the pointer window. Conditioning outputs and `pinned` frames stay. A later
+        pass that starts somewhere else reads less than Meta's predictor, which keeps everything: only
+        fixed pools evict."""
+        for state in states:
+            for t, record in state.frames.items():
+                if record.cond or t in pinned:
+                    continue
+                behind = t - frame if reverse else frame - t
+                if record.memory_rows is not None and behind >= num_maskmem - 1:
+                    self.memories.release(record.memory_rows)
+                    record.memory_rows = None
+                    self.release_image(record)
+                if record.pointer_rows is not None and behind >= pointer_window - 1:
+                    self.pointers.release(record.pointer_rows)
+                    record.pointer_rows = None
 
     # ------------------------------------------------------------------------------ images
     def new_image_row(self, features: DeviceTensor) -> int:
@@ -194,7 +230,8 @@ class MultiplexMemory:
 
     # ------------------------------------------------------------------------------ records
     def release_record(self, record: FrameRecord) -> None:
-        self.pointers.release(record.pointer_rows)
+        if record.pointer_rows is not None:
+            self.pointers.release(record.pointer_rows)
         if record.memory_rows is not None:
             self.memories.release(record.memory_rows)
         self.release_image(record)
@@ -203,9 +240,9 @@ class MultiplexMemory:
         """Slice every stored frame of `state` to the buckets kept (Meta's remove_objects slices
         maskmem_features and obj_ptr at bucket granularity only)."""
         for record in state.records():
-            gone = [r for b, r in enumerate(record.pointer_rows) if b not in keep]
-            self.pointers.release(gone)
-            record.pointer_rows = [record.pointer_rows[b] for b in keep]
+            if record.pointer_rows is not None:
+                self.pointers.release([r for b, r in enumerate(record.pointer_rows) if b not in keep])
+                record.pointer_rows = [record.pointer_rows[b] for b in keep]
             if record.memory_rows is not None:
                 self.memories.release([r for b, r in enumerate(record.memory_rows) if b not in keep])
                 record.memory_rows = [record.memory_rows[b] for b in keep]
@@ -241,13 +278,17 @@ class MultiplexMemory:
             pool.close()
 
 
-def propagation_feeds(calls: list[tuple[TrackerState, int, Selection]]) -> dict[str, np.ndarray]:
+def propagation_feeds(calls: list[tuple[TrackerState, int, Selection]], plan=None) -> dict[str, np.ndarray]:
     """The index inputs of one propagation_decoder call over every bucket of the given states (each
     with its own selection): memory rows, their frames' image rows and temporal slots, pointer rows and
-    offsets, padded per bucket to the longest lists (padding entries: valid 0, row 0, the zero row)."""
+    offsets, padded per bucket to the longest lists (padding entries: valid 0, row 0, the zero row).
+    plan(axis, n): the entry count a call for n entries runs at (a static-shape backend's compiled
+    memories / pointers), n when None."""
     n = max((len(sel.memories) for _, _, sel in calls), default=0)
     p = max((len(sel.pointers) for _, _, sel in calls), default=0)
     n, p = max(n, 1), max(p, 1)
+    if plan is not None:
+        n, p = plan("memories", n), plan("pointers", p)
     cols = {k: [] for k in ("memory_index", "memory_image_index", "memory_slot", "memory_valid", "pointer_index",
                             "pointer_offset", "pointer_valid", "slot_valid")}
     for state, frame, sel in calls:

@@ -307,19 +307,22 @@ class Sam31Session:
                 kind, obj_ids = self._propagation_type()
                 self.history.append({"type": kind, "frame_idx": start, "obj_ids": obj_ids})
                 order = self._order(start, max_frames, reverse)
+                # fixed pools keep, through a first pass, the frames the pass back from start_frame reads
+                later = reverse is False and len(passes) > 1
+                pinned = frozenset(range(start, start + self.config.max_obj_ptrs_in_encoder)) if later else frozenset()
                 if kind == "propagation_fetch":
                     for frame in order:
                         self._check_open()
                         yield self._postprocess(frame, self.cached.get(frame, {}), self.suppressed.get(frame, ()))
                 elif kind == "propagation_partial":
-                    yield from self._partial_pass(order, reverse, obj_ids)
+                    yield from self._partial_pass(order, reverse, obj_ids, pinned)
                 else:
-                    yield from self._full_pass(order, reverse)
+                    yield from self._full_pass(order, reverse, pinned)
         finally:
             if self._running is token:
                 self._running = None
 
-    def _full_pass(self, order: range, reverse: bool):
+    def _full_pass(self, order: range, reverse: bool, pinned=frozenset()):
         """Meta's propagate_in_video: outputs held back hotstart_delay frames, then post-processed in
         batches of postprocess_batch_size (scores and hidden ids are read when a batch is processed)."""
         cfg = self.config
@@ -331,6 +334,7 @@ class Sam31Session:
         for frame in order:
             self._check_open()
             out = self._run(frame, reverse, round_levels=False)
+            self.tracker.evict(frame, reverse, self.num_frames, pinned)
             self.prompted_frames.add(frame)
             if cfg.masklet_confirmation_enable:
                 unconfirmed[frame] = out.unconfirmed
@@ -352,7 +356,7 @@ class Sam31Session:
         for item in pending:
             yield self._yield(item, reverse, unconfirmed)
 
-    def _partial_pass(self, order: range, reverse: bool, obj_ids: list[int]):
+    def _partial_pass(self, order: range, reverse: bool, obj_ids: list[int], pinned=frozenset()):
         """Meta's propagation_partial: only the added (or refined) objects' states are tracked, each
         frame yielded at once, their masks merged into the frame's cached result (a frame without one
         yields nothing new: Meta's _build_sam2_output returns {} there). The merged tracker score is
@@ -362,6 +366,7 @@ class Sam31Session:
             self._check_open()
             features = t.encode(pixel_values(self.source.read(frame), self.config), round_levels=False)
             refined = t.propagate_objects(frame, reverse, self.num_frames, features, obj_ids)
+            t.evict(frame, reverse, self.num_frames, pinned, obj_ids)
             scores = t.sam2_scores.setdefault(frame, {})
             for o, (score, _) in refined.items():
                 scores[o] = score

@@ -14,7 +14,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ...errors import PromptError
+from ...call_sizes import chunks, fixed_size, pad_rows
+from ...errors import CapacityError, PromptError
 from ...mask_ops import (apply_non_overlapping_constraints, objects_to_suppress_by_recent_occlusion,
                          suppress_object_pw_area_shrinkage)
 from . import heuristics as H
@@ -25,6 +26,9 @@ from .resize import bilinear, bilinear_antialias
 NO_OBJ_SCORE = 1024.0  # Meta's -NO_OBJ_SCORE / NO_OBJ_SCORE for user (and birth) masks at video resolution
 MASK_SCORE = 10.0  # Meta's +-10 object scores by mask area
 REMOVED_SCORE = -1e4
+POOL_AXES = ("memory_rows", "image_rows", "pointer_rows")
+BUCKET_INPUTS = ("memory_index", "memory_image_index", "memory_slot", "memory_valid", "pointer_index",
+                 "pointer_offset", "pointer_valid", "slot_valid")
 
 
 def state_record_is_cond(state: TrackerState, frame: int) -> bool:
@@ -76,7 +80,13 @@ class Sam31Tracker:
         self.backend, self.graphs, self.config = backend, graphs, config
         self.video_hw = video_hw
         g = config.feature_grid
-        self.memory = MultiplexMemory(backend, g * g, config.hidden_dim, config.multiplex_count)
+        decoder = graphs["propagation_decoder"]
+        # an OM bundle's propagation decoder is compiled for fixed pools: the pools take its sizes
+        fixed = {a: decoder.sizes[a][-1] for a in POOL_AXES if decoder.sizes.get(a)}
+        if fixed and set(fixed) != set(POOL_AXES):
+            raise CapacityError(f"the propagation_decoder fixes only {sorted(fixed)} of its pool axes {POOL_AXES}; "
+                                "convert the bundle again with om.convert (it fixes all three)")
+        self.memory = MultiplexMemory(backend, g * g, config.hidden_dim, config.multiplex_count, fixed=fixed or None)
         self.reset()
 
     # ------------------------------------------------------------------------------------ state
@@ -145,18 +155,30 @@ class Sam31Tracker:
                              cfg.max_obj_ptrs_in_encoder)
                 calls.append((state, frame, sel))
         if calls:
-            feeds = propagation_feeds(calls)
+            graph = self.graphs["propagation_decoder"]
+
+            def entries(axis: str, n: int) -> int:
+                return fixed_size(b, graph, axis, n, f"frame {frame}", "convert the bundle with larger --gears "
+                                  f"{axis} (om.sam31.capacities gives the most Meta's selection reads)")
+
+            feeds = propagation_feeds(calls, entries)
             total = feeds["slot_valid"].shape[0]
             rows = mem.pointers.allocate(total)
-            target = mem.pointers.target(rows)
-            out = b.run(self.graphs["propagation_decoder"], {
-                "tracker_feat_s0": features["tracker_feat_s0"], "tracker_feat_s1": features["tracker_feat_s1"],
-                "tracker_feat": features["tracker_feat"], "memory_pool": mem.memories.tensor,
-                "image_pool": mem.images.tensor, "pointer_pool": mem.pointers.tensor, **feeds},
-                {"object_pointer": target})
-            mem.pointers.commit(rows, target)
-            masks = b.to_host(out["low_res_masks"])[:, :, 0]
-            scores = b.to_host(out["object_score_logits"])[:, :, 0]
+            masks, scores = [], []
+            # every bucket of every state in one call, or in chunks of the compiled bucket gears
+            for chunk in chunks(b, graph, "buckets", total):
+                part = rows[chunk.items]
+                target = mem.pointers.target(part, chunk.size)
+                out = b.run(graph, {
+                    "tracker_feat_s0": features["tracker_feat_s0"], "tracker_feat_s1": features["tracker_feat_s1"],
+                    "tracker_feat": features["tracker_feat"], "memory_pool": mem.memories.tensor,
+                    "image_pool": mem.images.tensor, "pointer_pool": mem.pointers.tensor,
+                    **{k: pad_rows(feeds[k][chunk.items], chunk.size) for k in BUCKET_INPUTS}},
+                    {"object_pointer": target})
+                mem.pointers.commit(part, target)
+                masks.append(b.to_host(out["low_res_masks"])[:chunk.count, :, 0])
+                scores.append(b.to_host(out["object_score_logits"])[:chunk.count, :, 0])
+            masks, scores = np.concatenate(masks), np.concatenate(scores)
             start = 0
             for state, _, _ in calls:
                 nb = state.registry.num_buckets
@@ -186,6 +208,16 @@ class Sam31Tracker:
                 np.asarray(masks, np.float32).reshape(-1, size, size)[order],
                 np.asarray(scores, np.float32)[order])
 
+    def evict(self, frame: int, reverse: bool, num_frames: int, pinned=frozenset(), obj_ids=None) -> None:
+        """Fixed pools (an OM bundle) free what the next frame in this direction cannot read, in the
+        states this pass tracks (those holding `obj_ids`, all when None); growing pools keep every
+        frame's memories, as Meta's predictor does."""
+        if self.memory.fixed:
+            cfg = self.config
+            states = [s for s in self.states if obj_ids is None or set(obj_ids) & set(s.obj_ids)]
+            self.memory.evict(states, frame, reverse, cfg.num_maskmem, min(num_frames, cfg.max_obj_ptrs_in_encoder),
+                              pinned)
+
     # --------------------------------------------------------------------------------- memories
     def _encode(self, features: dict, items: list[tuple[TrackerState, FrameRecord, dict[int, np.ndarray]]]) -> None:
         """One memory_encoder call for the buckets of several states on one frame: per state its
@@ -201,14 +233,20 @@ class Sam31Tracker:
             scores.append(reg.pack({o: record.scores[o] for o in state.obj_ids}))
         total = sum(v.shape[0] for v in valid)
         rows = mem.memories.allocate(total)
-        target = mem.memories.target(rows)
-        out = b.run(self.graphs["memory_encoder"], {
-            "tracker_feat": features["tracker_feat"],
-            "mask_logits": np.concatenate(masks).reshape(total, k, side, side),
-            "slot_valid": np.concatenate(valid), "conditioning": np.concatenate(cond).astype(np.float32),
-            "object_score_logits": np.concatenate(scores).astype(np.float32)}, {"maskmem_features": target})
-        mem.memories.commit(rows, target)
-        image_row = mem.new_image_row(out["image_features"])
+        graph = self.graphs["memory_encoder"]
+        feeds = {"mask_logits": np.concatenate(masks).reshape(total, k, side, side),
+                 "slot_valid": np.concatenate(valid), "conditioning": np.concatenate(cond).astype(np.float32),
+                 "object_score_logits": np.concatenate(scores).astype(np.float32)}
+        image_row = None
+        for chunk in chunks(b, graph, "buckets", total):
+            part = rows[chunk.items]
+            target = mem.memories.target(part, chunk.size)
+            out = b.run(graph, {"tracker_feat": features["tracker_feat"],
+                                **{name: pad_rows(v[chunk.items], chunk.size) for name, v in feeds.items()}},
+                        {"maskmem_features": target})
+            mem.memories.commit(part, target)
+            if image_row is None:  # the frame's image features: the same from every chunk
+                image_row = mem.new_image_row(out["image_features"])
         start = 0
         for state, record, _ in items:
             nb = state.registry.num_buckets
@@ -255,11 +293,16 @@ class Sam31Tracker:
             if free >= n and (best is None or free < best.registry.available_slots):
                 best = state
         inter = self.interactive(features)
-        out = b.run(self.graphs["mask_init"], {"interactive_feat": inter["interactive_feat"],
-                                               "mask_logits": det_logits[:, None].astype(np.float32)})
-        pointers = b.to_host(out["object_pointer"])
-        init_scores = b.to_host(out["object_score_logits"])[:, 0]
-        init_low = b.to_host(out["low_res_masks"])[:, 0]
+        graph = self.graphs["mask_init"]
+        logits = det_logits[:, None].astype(np.float32)
+        pointers, init_scores, init_low = [], [], []
+        for chunk in chunks(b, graph, "objects", n):
+            out = b.run(graph, {"interactive_feat": inter["interactive_feat"],
+                                "mask_logits": pad_rows(logits[chunk.items], chunk.size)})
+            pointers.append(b.to_host(out["object_pointer"])[:chunk.count])
+            init_scores.append(b.to_host(out["object_score_logits"])[:chunk.count, 0])
+            init_low.append(b.to_host(out["low_res_masks"])[:chunk.count, 0])
+        pointers, init_scores, init_low = np.concatenate(pointers), np.concatenate(init_scores), np.concatenate(init_low)
         side = cfg.input_mask_size
         binary = bilinear(det_logits, side, side) > 0  # 16F, as _tracker_add_new_objects prepares them
         h, w = self.video_hw
@@ -418,11 +461,13 @@ class Sam31Tracker:
             for f, rec in records.items():
                 if obj_id not in rec.masks:
                     continue
-                rows = mem.pointers.allocate(1)
-                mem.write_pointer_rows(rows, state.registry.pack({obj_id: mem.pointer_of(rec, bucket, slot)}))
+                rows = None
+                if rec.pointer_rows is not None:  # None: evicted (fixed pools)
+                    rows = [int(r) for r in mem.pointers.allocate(1)]
+                    mem.write_pointer_rows(rows, state.registry.pack({obj_id: mem.pointer_of(rec, bucket, slot)}))
                 getattr(state, kind)[f] = FrameRecord(
                     cond=rec.cond, masks={obj_id: rec.masks[obj_id].copy()}, scores={obj_id: rec.scores[obj_id]},
-                    pointer_rows=[int(rows[0])], conditioning={obj_id} & rec.conditioning)
+                    pointer_rows=rows, conditioning={obj_id} & rec.conditioning)
         state.points = {k: v for k, v in source.points.items() if k[0] == obj_id}
         self.remove_objects([obj_id])
         self.states.append(state)
@@ -437,6 +482,11 @@ class Sam31Tracker:
         video resolution (bool [H, W])."""
         cfg, b, mem = self.config, self.backend, self.memory
         n = len(labels)
+        if b.plan(self.graphs["interactive_decoder"], "points", n) != n:
+            # a fake point would change the mask, so point counts are never padded
+            raise CapacityError(f"a prompt of {n} points on frame {frame}: the interactive_decoder was compiled "
+                                f"for other point counts ({self.graphs['interactive_decoder'].sizes.get('points')}); "
+                                "click fewer or more points, or convert the bundle with --gears points=...")
         multimask = cfg.multimask_output_in_sam and cfg.multimask_min_pt_num <= n <= cfg.multimask_max_pt_num
         inter = self.interactive(features)
         size = cfg.low_res_mask_size

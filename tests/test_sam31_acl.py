@@ -1,0 +1,111 @@
+"""SAM 3.1 sessions on backend="acl" (the strict pyacl emulator): the tiny SAM 3.1 bundle converted by
+om.convert with its default plan (fake atc on PATH: buckets at gears 1, 2, 4, memory / pointer entries
+fixed at Meta's most, pools fixed at 64 objects' rows) tracks what ONNX Runtime on the plain bundle
+tracks, over more frames than the fixed pools could hold without eviction.
+
+Thresholds and the object cap are those of Meta's recorded text_two_buckets scenario (two buckets on
+frame 0), run here over 20 frames of the same clip.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+
+import sam3track
+from graphs import sam31_reference as ref
+from sam3track.testing.acl_emulator import install
+from sam3track.testing.fake_atc import install_fake_atc
+
+from .conftest import CLIPS
+
+FRAMES = 20  # the parity run
+LONG = 32  # the eviction run: 2 buckets x 32 frames > the 60 memory rows compiled
+
+
+@pytest.fixture(scope="module")
+def bundles(sam31_reference, tmp_path_factory):
+    """(plain SAM 3.1 bundle, its OM bundle)."""
+    from graphs.sam31.export import export_bundle
+    from om.convert import convert_bundle
+
+    root = tmp_path_factory.mktemp("sam31-acl")
+    plain = export_bundle(None, root / "plain", tiny=True, attention="plain", log=lambda *_: None)
+    bin_dir = root / "bin"
+    install_fake_atc(bin_dir)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+        om = convert_bundle(plain, "Ascend910B2", root / "om", log=lambda *_: None)
+    assert om["compiled"]
+    return plain, root / "om"
+
+
+@pytest.fixture(scope="module")
+def scenario(sam31_reference):
+    from sam3track.video import open_video
+
+    doc, _ = ref.load_scenario(sam31_reference.scenarios, "text_two_buckets")
+    options = {k: v["value"] for k, v in doc["overrides"].items()}
+    options.update(doc.get("builder_kwargs", {}))
+    with open_video(CLIPS / doc["clip"]["file"]) as video:
+        frames = np.stack([video.read(i) for i in range(LONG)])
+    return doc["text"], options, frames
+
+
+def _track(bundle, text, options, frames, **load):
+    predictor = sam3track.load(bundle, **options, **load)
+    try:
+        session = predictor.start_session(frames)
+        first = session.add_prompt(0, text=text)
+        results = [first] + list(session.propagate("forward"))
+        return results, predictor.backend.calls.copy(), session.tracker.memory
+    finally:
+        predictor.close()
+
+
+def test_text_tracking_on_acl_matches_onnxruntime(bundles, scenario):
+    plain, om = bundles
+    text, options, frames = scenario
+    frames = frames[:FRAMES]
+    want, _, grown = _track(plain, text, options, frames)
+    with install() as emu:
+        got, calls, fixed = _track(om, text, options, frames, backend="acl", device="npu:0")
+        assert emu.stats.live_allocations == 0 and not emu.stats.leaks
+    assert grown.fixed is None and fixed.fixed == {"memory_rows": 61, "image_rows": 61, "pointer_rows": 97}
+    assert len(got) == len(want) == FRAMES + 1
+    ious, score_diff = [], 0.0
+    for a, b in zip(want, got):
+        assert a.frame_index == b.frame_index
+        assert a.object_ids.tolist() == b.object_ids.tolist(), a.frame_index
+        for m, n in zip(a.masks, b.masks):
+            union = (m | n).sum()
+            ious.append(1.0 if union == 0 else (m & n).sum() / union)
+        if a.object_ids.size:
+            score_diff = max(score_diff, float(np.abs(a.tracker_probs - b.tracker_probs).max()))
+    assert max(a.object_ids.size for a in want) > 16  # two buckets or more
+    assert np.mean(ious) >= 0.99 and min(ious) >= 0.95 and score_diff <= 1e-3, (np.mean(ious), min(ious), score_diff)
+    # one propagation call per frame (every bucket at one gear), frame 0 reused
+    assert calls["propagation_decoder"] == FRAMES - 1
+
+
+def test_fixed_pools_evict_what_the_next_frame_cannot_read(bundles, scenario):
+    """Without eviction 32 frames of 2+ buckets need more memory rows than the 60 compiled; with it a
+    forward pass holds per bucket the conditioning frame and the 6 frames the next frame reads."""
+    _, om = bundles
+    text, options, frames = scenario
+    with install():
+        predictor = sam3track.load(om, backend="acl", device="npu:0", **options)
+        try:
+            session = predictor.start_session(frames)
+            session.add_prompt(0, text=text)
+            memory = session.tracker.memory
+            peak = 0
+            for result in session.propagate("forward"):
+                buckets = sum(s.registry.num_buckets for s in session.tracker.states)
+                assert memory.memories.used <= buckets * 8, result.frame_index  # cond + 6 recent + this frame
+                peak = max(peak, memory.memories.used)
+            assert LONG * 2 > memory.memories.capacity - 1 >= peak
+        finally:
+            predictor.close()
