@@ -7,7 +7,7 @@ max_num_objects, confirmation) as load options, and every response compared: the
 every frame, mask IoU mean >= 0.99 and min >= 0.95, scores (out_probs) within 1e-3.
 
 Unit tests: the bucket registry, the torch-exact resizes and sort order, Meta's memory selection (the
-contract of graphs/sam31/tracker_check), the config, bad input, and the graph calls per frame.
+contract of graphs/sam31/tracker_feeds), the config, bad input, and the graph calls per frame.
 """
 
 from __future__ import annotations
@@ -326,9 +326,9 @@ def test_detection_order_is_torchs_unstable_argsort():
 
 
 def test_memory_selection_is_the_graph_contract():
-    """sam3track's selection against graphs/sam31/tracker_check.meta_memory_selection (the documented
+    """sam3track's selection against graphs/sam31/tracker_feeds.meta_memory_selection (the documented
     contract of the propagation_decoder's pool indices)."""
-    from graphs.sam31.tracker_check import meta_memory_selection
+    from graphs.sam31.tracker_feeds import meta_memory_selection
     from sam3track.families.sam31.buckets import BucketRegistry
     from sam3track.families.sam31.memory import FrameRecord, TrackerState, select
 
