@@ -1,16 +1,21 @@
-"""One frame of tracking as named phases (the reference's `_det_track_one_frame`):
+"""SAM 3's frame: its phases (the reference's `_det_track_one_frame`), run by the shared runner.
 
-1. backbone + grounding: one backbone call, one grounding_head call for all prompts;
+`FrameLoop.step` runs one `Sam3Frame` through phases.run_frame, which fixes the order and what each
+phase may change (documented there once). SAM 3's part of each phase:
+
+1. backbone + grounding: one backbone call, one grounding_head call for all prompts, made by the
+   session before the step (`encode_frame`, `detect`);
 2. propagation: one propagation_decoder call for all tracked objects;
 (each "one call" is one per chunk when a static-shape backend caps the batch: call_sizes.py)
-3. planning: every heuristic decided on host masks and scores, nothing mutated (planning.py);
+3. planning: every heuristic decided on host masks and scores (planning.py);
 4. execution: memory encoding, births (mask_init), removals, the registry updated from the plan;
 5. outputs: low-resolution masks per visible object (post-processing is the session's).
 
 User-prompted objects (clicks, boxes, refinements) go through the same propagation call, but the
 planning phase only manages the text-detected ones: user objects keep the tracker's own output and
 memory (as transformers' Sam3TrackerVideoModel) and only block births over them. A prompt call
-(`apply_clicks`) runs the interactive decoder for the prompted objects and the tracker for the others.
+(`apply_clicks`) runs the interactive decoder for the prompted objects and the tracker for the others;
+it is not a tracked frame, so it does not go through the phases.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from .call_sizes import chunks, fixed_size, pad_rows
 from .errors import CapacityError
 from .memory_bank import MemoryBank, MemoryEntry
 from .objects import ObjectRegistry
+from .phases import FramePhases, run_frame
 from .planning import Detections, FramePlan, plan_frame
 
 REMOVED_SCORE = -1e4  # what the reference reports for objects its heuristics removed on this frame
@@ -59,6 +65,25 @@ class Propagation:
         row_of = {o: i for i, o in enumerate(self.obj_ids)}
         rows = [row_of[o] for o in obj_ids]
         return Propagation(list(obj_ids), self.raw[rows], self.masks[rows], self.scores[rows])
+
+
+@dataclass
+class Grounded:
+    """Phase 1's result: the frame's backbone features and its detections over all text prompts."""
+
+    features: dict[str, DeviceTensor]
+    det: Detections
+
+
+@dataclass
+class Tracked:
+    """Phase 2's result, and what the outputs report for the objects as they were before the frame."""
+
+    managed: ObjectRegistry  # the text-detected objects the heuristics manage, as before the frame
+    detected: Propagation  # their outputs, in managed.obj_ids order
+    user: Propagation  # the user-prompted objects' outputs
+    prompts: dict[int, int]  # managed obj id -> prompt index before the frame
+    scores: dict[int, float]  # managed obj id -> detection score before the frame
 
 
 @dataclass
@@ -261,20 +286,9 @@ class FrameLoop:
     # ------------------------------------------------------------------------------- the frame
     def step(self, features, det: Detections, frame: int, reverse: bool, streaming: bool,
              num_frames: int | None) -> FrameOutput:
-        objects = self.objects
-        managed = objects.detector_view()
-        old_ids = managed.obj_ids
-        user_ids = [o for o in objects.obj_ids if objects[o].interactive]
-        old_prompts = {o: objects[o].prompt for o in old_ids}
-        old_scores = {o: objects[o].score for o in old_ids}
-        everything = self.propagate(features, frame, reverse, num_frames)
-        tracked, user = everything.take(old_ids), everything.take(user_ids)
-        plan = plan_frame(frame, reverse, streaming, det, tracked.masks, tracked.scores, managed, self.config,
-                          user_masks=user.raw)
-        self.execute(features, plan, det, tracked, user, frame)
-        out = self._output(plan, det, tracked, frame, old_ids, old_prompts, old_scores)
-        self._show_user_objects(out, user)
-        return out
+        """One frame through the shared phases (phases.run_frame); `features` and `det` are phase 1's
+        results, which the session computes (see Sam3Frame.ground)."""
+        return run_frame(Sam3Frame(self, Grounded(features, det), frame, reverse, streaming, num_frames))
 
     def _show_user_objects(self, out: FrameOutput, user: Propagation) -> None:
         """User-prompted objects are shown as the tracker outputs them (no hole filling, no heuristics)."""
@@ -379,3 +393,44 @@ class FrameLoop:
             masks[int(obj_id)] = det.masks[plan.association.obj_to_high_conf_det[obj_id]]
         hidden = plan.suppressed_obj_ids | gone
         return FrameOutput(frame, masks, scores, tracker, prompts, set(gone), hidden)
+
+
+@dataclass
+class Sam3Frame(FramePhases[Grounded, Tracked, FramePlan, FrameOutput]):
+    """One SAM 3 frame as the shared phases: each phase is the FrameLoop operation of that name."""
+
+    loop: FrameLoop
+    grounded: Grounded
+    frame: int
+    reverse: bool
+    streaming: bool
+    num_frames: int | None
+
+    def ground(self) -> Grounded:
+        # The session has run the backbone and the grounding head already (it skips the grounding head
+        # when there is no text prompt), so this phase hands their results on.
+        return self.grounded
+
+    def propagate(self, grounded: Grounded) -> Tracked:
+        objects = self.loop.objects
+        managed = objects.detector_view()  # taken before propagation, as the reference's frame starts
+        old_ids = managed.obj_ids
+        user_ids = [o for o in objects.obj_ids if objects[o].interactive]
+        prompts = {o: objects[o].prompt for o in old_ids}
+        scores = {o: objects[o].score for o in old_ids}
+        everything = self.loop.propagate(grounded.features, self.frame, self.reverse, self.num_frames)
+        return Tracked(managed, everything.take(old_ids), everything.take(user_ids), prompts, scores)
+
+    def plan(self, grounded: Grounded, tracked: Tracked) -> FramePlan:
+        detected = tracked.detected
+        return plan_frame(self.frame, self.reverse, self.streaming, grounded.det, detected.masks, detected.scores,
+                          tracked.managed, self.loop.config, user_masks=tracked.user.raw)
+
+    def execute(self, grounded: Grounded, tracked: Tracked, plan: FramePlan) -> None:
+        self.loop.execute(grounded.features, plan, grounded.det, tracked.detected, tracked.user, self.frame)
+
+    def outputs(self, grounded: Grounded, tracked: Tracked, plan: FramePlan) -> FrameOutput:
+        out = self.loop._output(plan, grounded.det, tracked.detected, self.frame, tracked.detected.obj_ids,
+                                tracked.prompts, tracked.scores)
+        self.loop._show_user_objects(out, tracked.user)
+        return out

@@ -3,7 +3,7 @@
 Port of transformers `Sam3VideoModel.run_tracker_update_planning_phase` and `_process_hotstart`,
 `_prepare_recondition_masks`, `_suppress_overlapping_based_on_recent_occlusion`, plus sam3track's own
 retirement of long-unseen objects. `plan_frame` reads the registry and this frame's masks and scores
-and returns a `FramePlan`; the frame loop's execution phase applies it (`apply_plan`).
+and returns a `FramePlan`; the execution phase (`FrameLoop.execute`) applies it.
 """
 
 from __future__ import annotations

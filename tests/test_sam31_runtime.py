@@ -7,7 +7,7 @@ max_num_objects, confirmation) as load options, and every response compared: the
 every frame, mask IoU mean >= 0.99 and min >= 0.95, scores (out_probs) within 1e-3.
 
 Unit tests: the bucket registry, the torch-exact resizes and sort order, Meta's memory selection (the
-contract of graphs/sam31/tracker_check), the config, bad input, and the graph calls per frame.
+contract of graphs/sam31/tracker_feeds), the config, bad input, and the graph calls per frame.
 """
 
 from __future__ import annotations
@@ -285,6 +285,42 @@ def test_graph_calls_per_frame(bundle, sam31_reference):
     assert calls["memory_encoder"] - before["memory_encoder"] == n
 
 
+def test_planning_changes_nothing(bundle, sam31_reference, monkeypatch):
+    """The shared phases' contract (sam3track/phases.py) for 3.1: planning runs no graph and leaves the
+    metadata, the score tables and every tracker state as they were, on frames with hotstart removals
+    and births alike; execution then applies what it decided."""
+    import pickle
+
+    from sam3track.families.sam31.tracker import Sam31Tracker
+
+    def host_state(t):
+        return pickle.dumps((t.meta, t.obj_id_to_score, t.sam2_scores, t._warned,
+                             [(s.registry, s.frames, s.tracked) for s in t.states]))
+
+    class NoDevice:
+        def __getattr__(self, name):
+            raise AssertionError(f"planning used the backend ({name})")
+
+    plans, original = [], Sam31Tracker.plan
+
+    def checked(self, *args):
+        before, backend = host_state(self), self.backend
+        self.backend = NoDevice()
+        try:
+            plan = original(self, *args)
+        finally:
+            self.backend = backend
+        assert host_state(self) == before, "planning changed the tracker"
+        plans.append(plan)
+        return plan
+
+    monkeypatch.setattr(Sam31Tracker, "plan", checked)
+    doc, responses = ref.load_scenario(sam31_reference.scenarios, "hotstart_removal")
+    replay(bundle, doc, responses)
+    assert any(p.removed_ids for p in plans) and any(p.new_ids.size for p in plans)
+    assert replay.session.tracker.meta is plans[-1].meta  # the last frame's metadata, installed
+
+
 # ------------------------------------------------------------------------------------------ units
 def test_bucket_registry_fills_holes_never_and_drops_empty_buckets():
     from sam3track.families.sam31.buckets import EMPTY, REMOVED, BucketRegistry
@@ -365,9 +401,9 @@ def test_detection_order_is_torchs_unstable_argsort():
 
 
 def test_memory_selection_is_the_graph_contract():
-    """sam3track's selection against graphs/sam31/tracker_check.meta_memory_selection (the documented
+    """sam3track's selection against graphs/sam31/tracker_feeds.meta_memory_selection (the documented
     contract of the propagation_decoder's pool indices)."""
-    from graphs.sam31.tracker_check import meta_memory_selection
+    from graphs.sam31.tracker_feeds import meta_memory_selection
     from sam3track.families.sam31.buckets import BucketRegistry
     from sam3track.families.sam31.memory import FrameRecord, TrackerState, select
 

@@ -13,7 +13,7 @@ its slot decodes as invalid). The pools hold rows:
 - pointer_pool [K, C]: one bucket's 16 slot pointers of one frame (0 in empty slots).
 
 The selection (`select`) is Meta's _prepare_memory_conditioned_features for this configuration, the
-same contract graphs/sam31/tracker_check.meta_memory_selection documents for the propagation_decoder.
+same contract graphs/sam31/tracker_feeds.meta_memory_selection documents for the propagation_decoder.
 """
 
 from __future__ import annotations

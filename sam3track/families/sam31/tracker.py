@@ -1,6 +1,12 @@
-"""SAM 3.1's frame loop: the same five phases as SAM 3's (sam3track/frame_loop.py) -- backbone and
-grounding, propagation, planning, execution, outputs -- with Meta's multiplex rules in each
+"""SAM 3.1's tracker and its frame as the shared phases, with Meta's multiplex rules in each phase
 (Sam3MultiplexBase._det_track_one_frame_impl and the VideoTrackingMultiplexDemo tracker states).
+
+`Sam31Tracker.step` runs one `Sam31Frame` through phases.run_frame, the same order and contract as SAM
+3's frame (sam3track/frame_loop.py): backbone and grounding, propagation, planning, execution, outputs.
+Meta's planning phase also encodes the tracked objects' memories and updates its metadata in place; to
+keep planning free of changes, here it decides on a copy of the metadata, and execution encodes those
+memories first, then installs the metadata and scores, then runs births and removals: the same graph
+calls in Meta's order, the same results.
 
 Graph calls per frame: one backbone, one grounding_head, at most one propagation_decoder (every bucket
 of every tracker state in one batched call), one memory_encoder for the frame's memories (all buckets
@@ -10,6 +16,8 @@ that receives objects.
 
 from __future__ import annotations
 
+import copy
+import warnings
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -18,6 +26,7 @@ from ...call_sizes import chunks, fixed_size, pad_rows
 from ...errors import CapacityError, PromptError
 from ...mask_ops import (apply_non_overlapping_constraints, objects_to_suppress_by_recent_occlusion,
                          suppress_object_pw_area_shrinkage)
+from ...phases import FramePhases, run_frame
 from . import heuristics as H
 from .buckets import BucketRegistry
 from .memory import FrameRecord, MultiplexMemory, TrackerState, propagation_feeds, select
@@ -41,6 +50,14 @@ def _sigmoid(x):
 
 
 @dataclass
+class Grounded:
+    """The backbone + grounding phase's result."""
+
+    features: dict  # the backbone's device tensors of the frame
+    det: H.Detections
+
+
+@dataclass
 class Tracked:
     """The propagation phase's result: every tracked object, sorted by id."""
 
@@ -53,12 +70,15 @@ class Tracked:
 class FramePlan:
     """The planning phase's decisions for one frame (SAM 3: planning.FramePlan)."""
 
-    track_masks: np.ndarray  # the tracked objects' logits after occlusion suppression
+    track_masks: np.ndarray  # the tracked objects' logits after occlusion suppression (memories read them)
     new_inds: np.ndarray  # detections that become objects, in id order
     new_ids: np.ndarray
     removed_ids: set[int]  # removed by the hotstart rule
     unconfirmed: list[int]
     dropped: int  # new detections over max_num_objects
+    meta: H.TrackMeta  # the metadata after this frame (hotstart counters, rows, confirmation)
+    scores: dict[int, float]  # obj_id_to_score entries this frame sets: new objects, removed ones
+    would_recondition: bool  # Meta would recondition tracks here (not implemented: a warning)
 
 
 @dataclass
@@ -545,46 +565,35 @@ class Sam31Tracker:
     # ----------------------------------------------------------------------------------- a frame
     def step(self, frame: int, reverse: bool, num_frames: int, pixel_values: np.ndarray,
              round_levels: bool) -> FrameOut:
-        """One frame through the phases (SAM 3's frame_loop.FrameLoop.step has the same five)."""
-        features = self.encode(pixel_values, round_levels)  # 1. backbone and grounding
-        det = self.detect(features)
-        tracked = Tracked(*self.propagate(frame, reverse, num_frames, features))  # 2. propagation
-        assert np.array_equal(tracked.obj_ids, self.meta.obj_ids), (tracked.obj_ids, self.meta.obj_ids)
-        plan = self.plan(frame, reverse, features, det, tracked)  # 3. planning (memories included)
-        self.execute(frame, features, det, plan)  # 4. execution
-        return self.outputs(frame, det, tracked, plan)  # 5. outputs
+        """One frame through the shared phases (phases.run_frame), as SAM 3's FrameLoop.step."""
+        return run_frame(Sam31Frame(self, frame, reverse, num_frames, pixel_values, round_levels))
 
-    def plan(self, frame: int, reverse: bool, features: dict, det: H.Detections, tracked: "Tracked") -> "FramePlan":
-        """Meta's run_tracker_update_planning_phase: IoM association, hotstart, occlusion suppression,
-        the memories of the tracked objects (3.1 encodes them here, before births), the new objects
-        under the cap, and the metadata (removed rows out, new rows appended, confirmation)."""
-        cfg, meta = self.config, self.meta
+    def plan(self, frame: int, reverse: bool, det: H.Detections, tracked: Tracked) -> FramePlan:
+        """Meta's run_tracker_update_planning_phase, decided without changing the tracker: IoM
+        association, hotstart, occlusion suppression, the new objects under the cap, and the metadata
+        after the frame (removed rows out, new rows appended, confirmation), all on a copy of the
+        metadata that `execute` installs. Meta also encodes the tracked objects' memories in this phase;
+        here `execute` does, first, so the graph calls keep Meta's order (memories, then births)."""
+        cfg = self.config
+        meta = copy.deepcopy(self.meta)  # hotstart and the bookkeeping update it in place
         prev_ids = meta.obj_ids.copy()
         assoc = H.associate(det, tracked.masks, cfg)
         to_remove = H.hotstart(frame, reverse, assoc, meta, cfg)
         # Reconditioning (every recondition_every_nth_frame frames, a detection scoring >= 0.8 that
-        # matches one track unambiguously) is not implemented: warn where Meta would recondition, since
-        # the results differ from Meta's from that frame on.
+        # matches one track unambiguously) is not implemented: `execute` warns where Meta would
+        # recondition, since the results differ from Meta's from that frame on.
         n = cfg.recondition_every_nth_frame
-        if n > 0 and frame % n == 0 and prev_ids.size and assoc.det_high_conf_and_iou.any() and not self._warned:
-            import warnings
-
-            warnings.warn(f"frame {frame}: Meta's SAM 3.1 would recondition tracks on high-confidence detections "
-                          "here; sam3track does not implement reconditioning yet, so results can differ from "
-                          "Meta's from this frame on", RuntimeWarning, stacklevel=3)
-            self._warned = True
+        would_recondition = bool(n > 0 and frame % n == 0 and prev_ids.size and assoc.det_high_conf_and_iou.any())
         trk_masks = tracked.masks
-        if prev_ids.size:
-            if cfg.suppress_overlapping_based_on_recent_occlusion_threshold > 0.0:
-                last = np.where(to_remove, H.ALWAYS_OCCLUDED, meta.last_occluded)
-                binary = trk_masks > 0
-                suppress = objects_to_suppress_by_recent_occlusion(
-                    binary, last, cfg.suppress_overlapping_based_on_recent_occlusion_threshold, reverse) \
-                    if prev_ids.size > 1 else np.zeros(prev_ids.size, bool)
-                occluded = ~binary.reshape(prev_ids.size, -1).any(1) | suppress
-                meta.last_occluded = np.where(occluded, frame, last)
-                trk_masks = np.where(suppress[:, None, None], np.float32(-10.0), trk_masks)
-            self.update_memories(frame, features, tracked.obj_ids, trk_masks)
+        if prev_ids.size and cfg.suppress_overlapping_based_on_recent_occlusion_threshold > 0.0:
+            last = np.where(to_remove, H.ALWAYS_OCCLUDED, meta.last_occluded)
+            binary = trk_masks > 0
+            suppress = objects_to_suppress_by_recent_occlusion(
+                binary, last, cfg.suppress_overlapping_based_on_recent_occlusion_threshold, reverse) \
+                if prev_ids.size > 1 else np.zeros(prev_ids.size, bool)
+            occluded = ~binary.reshape(prev_ids.size, -1).any(1) | suppress
+            meta.last_occluded = np.where(occluded, frame, last)
+            trk_masks = np.where(suppress[:, None, None], np.float32(-10.0), trk_masks)
         new_inds = np.flatnonzero(assoc.is_new_det)
         dropped = 0
         if prev_ids.size + new_inds.size > cfg.max_num_objects:
@@ -601,13 +610,8 @@ class Sam31Tracker:
         prev_status, prev_consecutive = meta.status, meta.consecutive_det
         meta.keep_rows(~to_remove)
         meta.append(new_ids, frame, cfg.init_trk_keep_alive)
-        frame_scores = self.sam2_scores.setdefault(frame, {})
-        for o, i in zip(new_ids, new_inds):
-            self.obj_id_to_score[int(o)] = float(det.scores[i])
-            frame_scores[int(o)] = float(det.scores[i])
-        for o in removed_ids:
-            self.obj_id_to_score[o] = REMOVED_SCORE
-            frame_scores[o] = REMOVED_SCORE
+        scores = {int(o): float(det.scores[i]) for o, i in zip(new_ids, new_inds)}
+        scores.update({o: REMOVED_SCORE for o in removed_ids})
         unconfirmed = []
         if cfg.masklet_confirmation_enable:
             hit = set(int(o) for o in new_ids)
@@ -615,17 +619,34 @@ class Sam31Tracker:
                 hit.update(int(o) for o in ids)
             H.update_confirmation(meta, prev_ids, prev_status, prev_consecutive, hit, cfg)
             unconfirmed = [int(o) for o in meta.obj_ids[meta.status == H.UNCONFIRMED]]
-        return FramePlan(trk_masks, new_inds, new_ids, removed_ids, unconfirmed, dropped)
+        return FramePlan(trk_masks, new_inds, new_ids, removed_ids, unconfirmed, dropped, meta, scores,
+                         would_recondition)
 
-    def execute(self, frame: int, features: dict, det: H.Detections, plan: "FramePlan") -> None:
-        """Meta's run_tracker_update_execution_phase: births (all of the frame's in one state), then
-        removals."""
+    def execute(self, frame: int, features: dict, det: H.Detections, tracked: Tracked, plan: FramePlan) -> None:
+        """Apply the plan: the tracked objects' memories (the memory half of Meta's planning phase),
+        the metadata and scores, then Meta's run_tracker_update_execution_phase: births (all of the
+        frame's in one state), then removals; last the tracker probabilities (Meta's build_outputs)."""
+        if plan.would_recondition and not self._warned:
+            # stacklevel 5: the caller of step() (through Sam31Frame.execute and run_frame)
+            warnings.warn(f"frame {frame}: Meta's SAM 3.1 would recondition tracks on high-confidence detections "
+                          "here; sam3track does not implement reconditioning yet, so results can differ from "
+                          "Meta's from this frame on", RuntimeWarning, stacklevel=5)
+            self._warned = True
+        if tracked.obj_ids.size:
+            self.update_memories(frame, features, tracked.obj_ids, plan.track_masks)
+        self.meta = plan.meta
+        self.obj_id_to_score.update(plan.scores)
+        frame_scores = self.sam2_scores.setdefault(frame, {})
+        frame_scores.update(plan.scores)
         if plan.new_ids.size:
             self.add_objects(frame, features, [int(o) for o in plan.new_ids], det.masks[plan.new_inds])
         if plan.removed_ids:
             self.remove_objects(plan.removed_ids)
+        # tracker probabilities of the tracked objects, set last as Meta does: they override the
+        # removal score on the removal frame
+        frame_scores.update({int(o): float(p) for o, p in zip(tracked.obj_ids, _sigmoid(tracked.scores))})
 
-    def outputs(self, frame: int, det: H.Detections, tracked: "Tracked", plan: "FramePlan") -> FrameOut:
+    def outputs(self, frame: int, det: H.Detections, tracked: Tracked, plan: FramePlan) -> FrameOut:
         """Meta's build_outputs: the tracked objects (after occlusion suppression; removed ones
         included on their removal frame) and the new objects' detections, at video resolution."""
         h, w = self.video_hw
@@ -636,9 +657,36 @@ class Sam31Tracker:
         if plan.new_ids.size:
             video = bilinear(det.masks[plan.new_inds], h, w) > 0
             masks.update({int(o): video[i] for i, o in enumerate(plan.new_ids)})
-        # tracker probabilities of the tracked objects (set last, as Meta does: they override the
-        # removal score on the removal frame)
-        self.sam2_scores.setdefault(frame, {}).update(
-            {int(o): float(p) for o, p in zip(tracked.obj_ids, _sigmoid(tracked.scores))})
         stats = {"num_obj_tracked": int(self.meta.obj_ids.size), "num_obj_dropped": int(plan.dropped)}
         return FrameOut(frame, masks, plan.unconfirmed, plan.removed_ids, stats, dict(self.obj_id_to_score))
+
+
+@dataclass
+class Sam31Frame(FramePhases[Grounded, Tracked, FramePlan, FrameOut]):
+    """One SAM 3.1 frame as the shared phases: each phase is the Sam31Tracker operation of that name."""
+
+    tracker: Sam31Tracker
+    frame: int
+    reverse: bool
+    num_frames: int
+    pixel_values: np.ndarray
+    round_levels: bool
+
+    def ground(self) -> Grounded:
+        features = self.tracker.encode(self.pixel_values, self.round_levels)
+        return Grounded(features, self.tracker.detect(features))
+
+    def propagate(self, grounded: Grounded) -> Tracked:
+        t = self.tracker
+        tracked = Tracked(*t.propagate(self.frame, self.reverse, self.num_frames, grounded.features))
+        assert np.array_equal(tracked.obj_ids, t.meta.obj_ids), (tracked.obj_ids, t.meta.obj_ids)
+        return tracked
+
+    def plan(self, grounded: Grounded, tracked: Tracked) -> FramePlan:
+        return self.tracker.plan(self.frame, self.reverse, grounded.det, tracked)
+
+    def execute(self, grounded: Grounded, tracked: Tracked, plan: FramePlan) -> None:
+        self.tracker.execute(self.frame, grounded.features, grounded.det, tracked, plan)
+
+    def outputs(self, grounded: Grounded, tracked: Tracked, plan: FramePlan) -> FrameOut:
+        return self.tracker.outputs(self.frame, grounded.det, tracked, plan)
