@@ -262,6 +262,44 @@ def test_refining_again_after_tracking_through_the_refined_frame_is_one_clear_er
     assert result.frame_index == 2 and 0 in session.object_ids
 
 
+def test_a_live_stream_gives_what_the_video_session_gives(bundle, sam31_reference):
+    """start_session(None), add_prompt(text=...), track(frame) frame by frame: the video session's
+    results on the same 18 frames (more than the 16-frame pointer window, as a stream of unknown length
+    reads it) with hotstart_delay 0, bit for bit, while the stream keeps no frame it cannot read again."""
+    from sam3track.video import open_video
+
+    doc, _ = ref.load_scenario(sam31_reference.scenarios, "text_one_bucket")
+    options = {k: v["value"] for k, v in doc["overrides"].items()}
+    with open_video(CLIPS / doc["clip"]["file"]) as video:
+        frames = np.stack([video.read(i) for i in range(18)])
+    import sam3track
+
+    with sam3track.load(bundle, **options, hotstart_delay=0) as pred:
+        session = pred.start_session(frames)
+        session.add_prompt(0, text=doc["text"])
+        want = list(session.propagate("forward"))
+    with sam3track.load(bundle, **options) as pred:
+        stream = pred.start_session(None)
+        with pytest.raises(Exception, match="text prompt"):
+            stream.track(frames[0])
+        assert stream.add_prompt(text=doc["text"]) is None
+        got = []
+        for f in frames:
+            got.append(stream.track(f))
+            kept = [t for s in stream.tracker.states for t, r in s.frames.items() if not r.cond]
+            assert len(kept) <= pred.config.max_obj_ptrs_in_encoder  # the pointer window, no more
+        with pytest.raises(Exception, match="live stream"):
+            list(stream.propagate())
+        with pytest.raises(Exception, match="video session"):
+            stream.add_prompt(points=[[10, 10]], labels=[1], obj_id=0)
+    assert [r.frame_index for r in got] == [r.frame_index for r in want] == list(range(18))
+    assert max(r.object_ids.size for r in want) > 0
+    for a, b in zip(want, got):
+        assert a.object_ids.tolist() == b.object_ids.tolist(), a.frame_index
+        assert np.array_equal(a.masks, b.masks) and np.array_equal(a.scores, b.scores), a.frame_index
+        assert np.array_equal(a.tracker_probs, b.tracker_probs), a.frame_index
+
+
 def test_graph_calls_per_frame(bundle, sam31_reference):
     """Per frame one backbone and one grounding call, and one propagation_decoder call for all buckets
     of all tracker states (text_two_buckets: 2 buckets, one call)."""

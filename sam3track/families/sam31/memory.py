@@ -182,12 +182,13 @@ class MultiplexMemory:
         self._image_refs: dict[int, int] = {}
 
     def evict(self, states: list[TrackerState], frame: int, reverse: bool, num_maskmem: int, pointer_window: int,
-              pinned=frozenset()) -> None:
+              pinned=frozenset(), forget: bool = False) -> None:
         """After tracking `frame`: free the memory (and image) rows of non-conditioning frames too far
         behind for the next frame in the same direction to read (num_maskmem - 1 back), and their
         pointer rows past the pointer window. Conditioning outputs and `pinned` frames stay. A later
         pass that starts somewhere else reads less than Meta's predictor, which keeps everything: only
-        fixed pools evict."""
+        fixed pools evict, and live streams (frames only come later). forget: also drop the records
+        left with neither (a stream never revisits a frame)."""
         for state in states:
             for t, record in state.frames.items():
                 if record.cond or t in pinned:
@@ -200,6 +201,11 @@ class MultiplexMemory:
                 if record.pointer_rows is not None and behind >= pointer_window - 1:
                     self.pointers.release(record.pointer_rows)
                     record.pointer_rows = None
+            if forget:
+                for t in [t for t, r in state.frames.items()
+                          if not r.cond and r.memory_rows is None and r.pointer_rows is None]:
+                    del state.frames[t]
+                    state.tracked.pop(t, None)
 
     # ------------------------------------------------------------------------------ images
     def new_image_row(self, features: DeviceTensor) -> int:

@@ -17,7 +17,10 @@ Where this follows Meta's SAM 3.1 predictor rather than sam3track's SAM 3 sessio
 Not implemented yet (each is a clear error or documented skip, never a silent divergence in the
 recorded scenarios): boxes (PromptError), a second refinement of an object on a frame it was refined
 on and tracked through since (PromptError), reconditioning every 16th frame (Meta needs
-detections scoring >= 0.8; skipped), streaming track().
+detections scoring >= 0.8; skipped).
+
+A live stream (start_session(None), add_prompt(text=...), then track(frame) per frame) has no Meta
+counterpart: it gives what a video session gives on the same frames with hotstart_delay 0.
 """
 
 from __future__ import annotations
@@ -64,14 +67,23 @@ def objectwise_non_overlap(masks: np.ndarray, probs: np.ndarray) -> np.ndarray:
     return masks & keep & (value > 0)
 
 
+# A live stream has no length. Meta's pointer window is min(num_frames, 16) frames: a stream tracks as a
+# video of 16 frames or more does.
+STREAM_FRAMES = 2 ** 31 - 1
+
+
 class Sam31Session:
     def __init__(self, predictor, source=None, owns_source: bool = False):
-        if source is None:
-            raise VideoError("SAM 3.1 sessions need a video (start_session(video)); live streams are not "
-                             "supported for SAM 3.1 bundles yet")
         self.predictor, self.config, self.backend = predictor, predictor.config, predictor.backend
         self.source, self._owns_source = source, owns_source
-        self.tracker = Sam31Tracker(self.backend, predictor.graphs, self.config, (source.height, source.width))
+        # a live stream (source None): the tracker is made at its first frame (the frame size), with
+        # hotstart removals off (no later frames to judge by), as in SAM 3's streaming mode
+        self.tracker = None if source is None else Sam31Tracker(self.backend, predictor.graphs, self.config,
+                                                                (source.height, source.width))
+        self.stream_index = 0
+        self._stream_size: tuple[int, int] | None = None
+        self._stream_ids = None  # the stream's text prompt (token ids)
+        self._stream_fresh = False  # the next frame is the first since the text prompt
         self.cached: dict[int, dict[int, np.ndarray]] = {}  # Meta's cached_frame_outputs
         self.suppressed: dict[int, set[int]] = {}  # Meta's suppressed_obj_ids per frame (never filled in 3.1)
         self.history: list[dict] = []  # Meta's action_history
@@ -90,7 +102,7 @@ class Sam31Session:
         if self.closed:
             return
         self.closed = True
-        if not self.backend.closed:
+        if not self.backend.closed and self.tracker is not None:
             self.tracker.close()
         if self._owns_source:
             self.source.close()
@@ -108,20 +120,28 @@ class Sam31Session:
 
     @property
     def num_frames(self) -> int:
+        self._check_video("num_frames")
         return len(self.source)
+
+    def _check_video(self, what: str) -> None:
+        if self.source is None:
+            raise VideoError(f"{what} needs a video session (start_session(video)); this live stream keeps no "
+                             "frames: feed them with session.track(frame)")
 
     @property
     def object_ids(self) -> list[int]:
-        return self.tracker.obj_ids
+        return [] if self.tracker is None else self.tracker.obj_ids
 
     def frame(self, index: int) -> np.ndarray:
         """RGB frame `index` of the session's video."""
         self._check_open()
+        self._check_video("frame()")
         self._check_frame(index)
         return self.source.read(index)
 
     def _forget(self) -> None:
-        self.tracker.reset()
+        if self.tracker is not None:
+            self.tracker.reset()
         self.cached.clear()
         self.suppressed.clear()
         self.history.clear()
@@ -129,10 +149,11 @@ class Sam31Session:
 
     def reset(self) -> None:
         """Start over on the same video: every object, memory and prompt forgotten (Meta's
-        reset_session request)."""
+        reset_session request). A live stream also forgets its text prompt."""
         self._check_open()
         self._check_idle("reset() was called")
         self._forget()
+        self._stream_ids, self._stream_fresh = None, False
 
     def text_prompt_result(self, frame_index: int, text: str) -> FrameResult:
         """The official predictor's text add_prompt: start over, find `text` on `frame_index`, return that
@@ -155,6 +176,8 @@ class Sam31Session:
         `frame_index` and returns that frame's result. With points= (and obj_id) it adds or refines one object (boxes are not supported yet)."""
         self._check_open()
         self._check_idle("add_prompt() was called")
+        if self.source is None:
+            return self._stream_prompt(text, points, labels, boxes)
         self._check_frame(frame_index)
         if points is not None or boxes is not None or labels is not None:
             if text is not None:
@@ -169,6 +192,67 @@ class Sam31Session:
         out = self._run(int(frame_index), reverse=False, round_levels=True)
         self.prompted_frames.add(int(frame_index))
         return self._postprocess(out.frame, out.masks, scores=out.scores)
+
+    # ----------------------------------------------------------------------------- live stream
+    def _stream_prompt(self, text, points, labels, boxes) -> None:
+        """A live stream's text prompt: it starts over (as Meta's add_prompt does) from the next frame
+        given to track(). Returns None: there is no frame to show yet."""
+        if points is not None or boxes is not None or labels is not None:
+            raise VideoError("clicks and boxes need a video session (start_session(video)): a live stream keeps no "
+                             "frames to click on")
+        if not isinstance(text, str) or not text.strip():
+            raise PromptError(f"add_prompt needs text= (a noun phrase such as 'bike'), not {shown(text)}")
+        self._stream_ids, _ = self.predictor.tokenizer(text.strip())
+        self._text = text.strip()
+        self._forget()
+        if self.tracker is not None:
+            self.tracker.set_text(self._stream_ids)
+        self._stream_fresh = True
+        return None
+
+    def track(self, frame: np.ndarray) -> FrameResult:
+        """Streaming: one RGB frame in, its result out, immediately.
+
+        It gives what the video session gives for the same frames with hotstart_delay 0 (a stream
+        cannot hold results back, so no hotstart removals) in a video of 16 frames or more: the first
+        frame after the text prompt runs twice, as Meta's add_prompt and then its propagation do.
+        Masklet confirmation hides the objects unconfirmed as of this frame (the video session looks
+        a few frames ahead). Memories and pointers no later frame can read are freed as it goes."""
+        from ...session import check_frame_size
+
+        self._check_open()
+        self._check_idle("track() was called")
+        if self.source is not None:
+            raise VideoError("track() feeds a live stream; this session reads a video: use session.propagate()")
+        frame = np.asarray(frame)
+        if frame.ndim != 3 or frame.shape[2] != 3 or frame.dtype != np.uint8:
+            raise VideoError(f"track() takes one RGB uint8 frame of shape (H, W, 3); got {frame.dtype} {frame.shape}")
+        index = self.stream_index
+        check_frame_size(frame.shape[0], frame.shape[1], f"frame {index} of the stream")
+        if self._stream_size is None:
+            self._stream_size = frame.shape[:2]
+        elif frame.shape[:2] != self._stream_size:
+            raise VideoError(f"frame {index} is {frame.shape[1]}x{frame.shape[0]}, but the stream started at "
+                             f"{self._stream_size[1]}x{self._stream_size[0]}; start a new session for a new size")
+        if self._stream_ids is None:
+            raise PromptError("no text prompt in this live stream; call session.add_prompt(text=...) before track()")
+        if self.tracker is None:
+            import dataclasses
+
+            config = dataclasses.replace(self.config, hotstart_delay=0)
+            self.tracker = Sam31Tracker(self.backend, self.predictor.graphs, config, self._stream_size)
+            self.tracker.set_text(self._stream_ids)
+        t = self.tracker
+        px = pixel_values(frame, self.config)
+        if self._stream_fresh:  # Meta's add_prompt on this frame (single-frame grounding)
+            t.step(index, False, STREAM_FRAMES, px, round_levels=True)
+            self._stream_fresh = False
+        out = t.step(index, False, STREAM_FRAMES, px, round_levels=False)
+        hidden = set(out.unconfirmed) if self.config.masklet_confirmation_enable else set()
+        result = self._postprocess(index, out.masks, hidden, out.scores)
+        t.evict(index, False, STREAM_FRAMES, stream=True)
+        self.stream_index += 1
+        return result
 
     def _add_clicks(self, frame: int, points, labels, boxes, obj_id, clear_old_points) -> FrameResult:
         """Clicks (Meta's add_sam2_new_points): a new obj_id adds an object in a singleton tracker state
@@ -224,7 +308,7 @@ class Sam31Session:
         """Meta's _postprocess_output: sorted ids, empty and hidden masks dropped, object-wise
         non-overlap by tracker probability, boxes from the masks. scores: the obj_id_to_score the
         frame's output carries (Meta snapshots it per frame; fetches read the current one)."""
-        h, w = self.source.height, self.source.width
+        h, w = (self.source.height, self.source.width) if self.source is not None else self._stream_size
         ids = sorted(obj_id_to_mask)
         if not ids:
             return FrameResult.empty(frame, h, w)
@@ -250,6 +334,7 @@ class Sam31Session:
         propagate_in_video: forward from start_frame, backward from start_frame - 1; "both" runs
         both). start_frame defaults to the first prompted frame."""
         self._check_open()
+        self._check_video("propagate()")
         if not isinstance(direction, str) or direction not in DIRECTIONS:
             raise ArgumentError(f"direction must be one of {', '.join(map(repr, DIRECTIONS))}, not {shown(direction)}")
         if start_frame is None:
@@ -397,9 +482,9 @@ class Sam31Session:
         changes what its bucket-mates attend to from now on) and every cached frame."""
         self._check_open()
         self._check_idle("remove_object() was called")
-        if not _is_int(obj_id) or int(obj_id) not in self.tracker.obj_ids:
+        if not _is_int(obj_id) or int(obj_id) not in self.object_ids:
             raise ObjectIdError(f"object {shown(obj_id)} is not tracked in this session "
-                                f"(tracked: {self.tracker.obj_ids})")
+                                f"(tracked: {self.object_ids})")
         obj_id = int(obj_id)
         t = self.tracker
         t.remove_objects([obj_id])

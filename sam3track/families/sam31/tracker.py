@@ -228,15 +228,20 @@ class Sam31Tracker:
                 np.asarray(masks, np.float32).reshape(-1, size, size)[order],
                 np.asarray(scores, np.float32)[order])
 
-    def evict(self, frame: int, reverse: bool, num_frames: int, pinned=frozenset(), obj_ids=None) -> None:
+    def evict(self, frame: int, reverse: bool, num_frames: int, pinned=frozenset(), obj_ids=None,
+              stream: bool = False) -> None:
         """Fixed pools (an OM bundle) free what the next frame in this direction cannot read, in the
         states this pass tracks (those holding `obj_ids`, all when None); growing pools keep every
-        frame's memories, as Meta's predictor does."""
-        if self.memory.fixed:
+        frame's memories, as Meta's predictor does. A live stream always evicts, and forgets the
+        frames left with nothing to read (its frames only come later: nothing it drops is read again)."""
+        if self.memory.fixed or stream:
             cfg = self.config
             states = [s for s in self.states if obj_ids is None or set(obj_ids) & set(s.obj_ids)]
             self.memory.evict(states, frame, reverse, cfg.num_maskmem, min(num_frames, cfg.max_obj_ptrs_in_encoder),
-                              pinned)
+                              pinned, forget=stream)
+        if stream:
+            for old in [f for f in self.sam2_scores if f < frame]:
+                del self.sam2_scores[old]
 
     # --------------------------------------------------------------------------------- memories
     def _encode(self, features: dict, items: list[tuple[TrackerState, FrameRecord, dict[int, np.ndarray]]]) -> None:
