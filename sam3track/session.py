@@ -31,6 +31,19 @@ def check_frame_size(height: int, width: int, where: str) -> None:
                          "each side")
 
 
+def check_stream_frame(frame, index: int, size: tuple[int, int] | None) -> tuple[np.ndarray, tuple[int, int]]:
+    """A live stream's frame `index`: an RGB uint8 (H, W, 3) array of the stream's first frame's size
+    (`size`, None for the first frame). Returns the array and the stream's size."""
+    frame = np.asarray(frame)
+    if frame.ndim != 3 or frame.shape[2] != 3 or frame.dtype != np.uint8:
+        raise VideoError(f"track() takes one RGB uint8 frame of shape (H, W, 3); got {frame.dtype} {frame.shape}")
+    check_frame_size(frame.shape[0], frame.shape[1], f"frame {index} of the stream")
+    if size is not None and frame.shape[:2] != size:
+        raise VideoError(f"frame {index} is {frame.shape[1]}x{frame.shape[0]}, but the stream started at "
+                         f"{size[1]}x{size[0]}; start a new session for a new size")
+    return frame, size or frame.shape[:2]
+
+
 class FrameCache:
     """A few decoded frames; frames are read lazily from the source and evicted oldest first."""
 
@@ -381,15 +394,7 @@ class Session:
         self._check_idle("track() was called")
         if self.source is not None:
             raise VideoError("track() feeds a live stream; this session reads a video: use session.propagate()")
-        frame = np.asarray(frame)
-        if frame.ndim != 3 or frame.shape[2] != 3 or frame.dtype != np.uint8:
-            raise VideoError(f"track() takes one RGB uint8 frame of shape (H, W, 3); got {frame.dtype} {frame.shape}")
-        check_frame_size(frame.shape[0], frame.shape[1], f"frame {self.stream_index} of the stream")
-        if self._stream_size is None:
-            self._stream_size = frame.shape[:2]
-        elif frame.shape[:2] != self._stream_size:
-            raise VideoError(f"frame {self.stream_index} is {frame.shape[1]}x{frame.shape[0]}, but the stream started "
-                             f"at {self._stream_size[1]}x{self._stream_size[0]}; start a new session for a new size")
+        frame, self._stream_size = check_stream_frame(frame, self.stream_index, self._stream_size)
         index = self.stream_index
         out = self._run_frame(index, frame, reverse=False, streaming=True, num_frames=index + 1)
         self.stream_index += 1

@@ -218,22 +218,14 @@ class Sam31Session:
         frame after the text prompt runs twice, as Meta's add_prompt and then its propagation do.
         Masklet confirmation hides the objects unconfirmed as of this frame (the video session looks
         a few frames ahead). Memories and pointers no later frame can read are freed as it goes."""
-        from ...session import check_frame_size
+        from ...session import check_stream_frame
 
         self._check_open()
         self._check_idle("track() was called")
         if self.source is not None:
             raise VideoError("track() feeds a live stream; this session reads a video: use session.propagate()")
-        frame = np.asarray(frame)
-        if frame.ndim != 3 or frame.shape[2] != 3 or frame.dtype != np.uint8:
-            raise VideoError(f"track() takes one RGB uint8 frame of shape (H, W, 3); got {frame.dtype} {frame.shape}")
         index = self.stream_index
-        check_frame_size(frame.shape[0], frame.shape[1], f"frame {index} of the stream")
-        if self._stream_size is None:
-            self._stream_size = frame.shape[:2]
-        elif frame.shape[:2] != self._stream_size:
-            raise VideoError(f"frame {index} is {frame.shape[1]}x{frame.shape[0]}, but the stream started at "
-                             f"{self._stream_size[1]}x{self._stream_size[0]}; start a new session for a new size")
+        frame, self._stream_size = check_stream_frame(frame, index, self._stream_size)
         if self._stream_ids is None:
             raise PromptError("no text prompt in this live stream; call session.add_prompt(text=...) before track()")
         if self.tracker is None:
