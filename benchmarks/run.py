@@ -435,6 +435,19 @@ def finish(results: dict) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The command line. --threads sets torch's thread count for the reference, which is process-wide:
+    it is put back afterwards, so a caller in the same process (the test suite) keeps its own (the
+    reference's float results depend on it)."""
+    import torch
+
+    threads = torch.get_num_threads()
+    try:
+        return _main(argv)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _main(argv: list[str] | None) -> int:
     ap = argparse.ArgumentParser(prog="python -m benchmarks.run", description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter,
                                  epilog="\n\n".join(__doc__.split("\n\n")[2:]))
