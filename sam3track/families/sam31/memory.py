@@ -265,10 +265,6 @@ class MultiplexMemory:
             host[bk, s] = p
         self.write_pointer_rows(rows, host)
 
-    def pointer_of(self, record: FrameRecord, bucket: int, slot: int) -> np.ndarray:
-        """One object's pointer in a stored frame (host copy)."""
-        return self.backend.to_host(self.pointers.tensor, np.asarray([record.pointer_rows[bucket]]))[0, slot]
-
     def write_pointer_rows(self, rows, host: np.ndarray) -> None:
         """pointer_pool[rows[i]] = host[i] (one upload, then device copies; the upload is freed)."""
         b = self.backend
