@@ -15,6 +15,7 @@ used only once its ``DONE.json`` is written (a run writes into ``<folder>.partia
     r = ref.reference()            # None when the env is not built
     r.checkpoint                   # .../sam3.1_multiplex.pt  (torch.load(weights_only=True) works here)
     r.scenarios                    # folder of <scenario>.npz/.json (run_scenarios.py)
+    r.confident()                  # (checkpoint folder, scenarios) of make_checkpoint.py --confident
     ref.load_scenario(r.scenarios, "text_one_bucket")   # JSON + responses with masks unpacked
     r.modules()                    # folder of module input/output dumps (dump_modules.py), made on demand
 """
@@ -158,9 +159,15 @@ class Reference:
     def modules(self) -> Path:
         return module_dumps(self.env, self.checkpoint_dir)
 
+    def confident(self) -> tuple[Path, Path]:
+        """The confident checkpoint's folder and its scenarios (the reconditioning ones), on demand."""
+        ck = checkpoint_dir(self.env, confident=True)
+        return ck, scenarios_dir(self.env, ck)
 
-def checkpoint_dir(env: Path, seed: int = 0) -> Path:
-    return _cached(env, "checkpoint", {"seed": seed}, ["--seed", seed])
+
+def checkpoint_dir(env: Path, seed: int = 0, confident: bool = False) -> Path:
+    return _cached(env, "checkpoint", {"seed": seed, "confident": confident},
+                   ["--seed", seed] + (["--confident"] if confident else []))
 
 
 def _ckpt_depends(ckdir: Path) -> str:
@@ -256,6 +263,8 @@ def main(argv=None) -> int:
         return 2
     r = reference(env)
     print(f"env         {r.env}\ncheckpoint  {r.checkpoint}\nscenarios   {r.scenarios}")
+    ck, sc = r.confident()
+    print(f"confident   {ck}\n            {sc}")
     if a.modules:
         print(f"modules     {r.modules()}")
     return 0

@@ -29,6 +29,7 @@ class Driver:
         self.session_id: str | None = None
         self.internals: list[dict] = []
         self.frames_processed: list[dict] = []
+        self.reconditioned: list[dict] = []  # per _recondition_masklets call: frame, objects it reconditioned
         self.log = log
         self._instrument()
 
@@ -56,6 +57,18 @@ class Driver:
             return out
 
         m._run_single_frame_inference = wrapped
+
+        orig_recond = type(m)._recondition_masklets
+        calls = self.reconditioned
+
+        def recond(frame_idx, det_out, trk_id_to_det, *a, **k):
+            states, ids = orig_recond(m, frame_idx, det_out, trk_id_to_det, *a, **k)
+            calls.append({"frame": int(frame_idx),
+                          "candidates": {str(int(o)): int(d) for o, d in trk_id_to_det.items()},
+                          "reconditioned_obj_ids": sorted(int(o) for o in ids)})
+            return states, ids
+
+        m._recondition_masklets = recond
 
     # -- requests ---------------------------------------------------------------------------
     def start(self, frames_dir: Path) -> str:
@@ -95,6 +108,7 @@ class Driver:
 
     def close(self) -> None:
         self.model.__dict__.pop("_run_single_frame_inference", None)
+        self.model.__dict__.pop("_recondition_masklets", None)
         if self.session_id is not None:
             self.pred.handle_request(dict(type="close_session", session_id=self.session_id))
             self.session_id = None
@@ -152,7 +166,8 @@ class Driver:
 
     def results(self) -> dict:
         return {"responses": self.records, "digest": self.digest.hexdigest(),
-                "internals": self.internals, "frames_processed": self.frames_processed}
+                "internals": self.internals, "frames_processed": self.frames_processed,
+                "reconditioned": self.reconditioned}
 
 
 def snapshot_states(st: dict) -> dict:

@@ -55,6 +55,7 @@ class Scenario:
     steps: object                        # callable(Driver, ctx) -> None
     builder: dict = dataclasses.field(default_factory=dict)     # build_sam3_predictor kwargs
     overrides: dict = dataclasses.field(default_factory=dict)   # model attributes set (beyond thresholds)
+    confident: bool = False              # runs on the --confident checkpoint (make_checkpoint.py), only there
 
 
 # ------------------------------------------------------------------------------------------ steps
@@ -150,6 +151,24 @@ SCENARIOS = [
              "(forward 4..7 then backward 4..0), then a forward propagation from 0",
              "carphone_pristine.mp4", 8, "person", 4, 4, s_forward_backward, overrides=NO_CONFIRM),
 ]
+# On the confident checkpoint (make_checkpoint.py --confident: detections ~0.87, tracker probabilities
+# ~0.96) Meta reconditions: on every recondition_every_nth_frame-th frame (16) a track whose tracker
+# probability is > 0.8 and a kept detection scoring >= 0.8 that overlaps it unambiguously (IoM >= 0.5)
+# get the detection's mask merged in, and the track's pointer, score and memory of that frame are rebuilt
+# from it. One object: with random weights several kept detections overlap every track where more than
+# one is kept, and Meta discards such ambiguous matches. "face" on this clip keeps exactly one detection
+# on frames 0 and 16 at either prompt frame's threshold, so both scenarios recondition on a prompt
+# (conditioning) frame and on a tracked one.
+SCENARIOS += [
+    Scenario("recondition_forward", "confident checkpoint: 1 object from text on frame 0 of 20, forward; "
+             "Meta reconditions it on frame 0 (the prompt frame, tracked again) and on frame 16 (tracked)",
+             "carphone_pristine.mp4", 20, "face", 0, 1, s_text_forward, overrides=NO_CONFIRM, confident=True),
+    Scenario("recondition_both", "confident checkpoint: 1 object from text on frame 16 of 20, "
+             "propagation_direction='both' (forward 16..19, backward 16..0), then a forward propagation from "
+             "0; Meta reconditions it on frame 16 (the prompt frame) and on frame 0 (tracked in reverse)",
+             "carphone_pristine.mp4", 20, "face", 16, 1, s_forward_backward, overrides=NO_CONFIRM,
+             confident=True),
+]
 BY_NAME = {s.name: s for s in SCENARIOS}
 
 
@@ -237,7 +256,13 @@ def main(argv=None) -> int:
     cfg = common.read_config(a.checkpoint, a.config)
     config = {k: cfg[k] for k in shim.CONFIG_KEYS}
     ckpt_sha = file_sha(a.checkpoint)
-    names = a.scenario or [s.name for s in SCENARIOS]
+    confident = bool(cfg.get("confident", False))
+    names = a.scenario or [s.name for s in SCENARIOS if s.confident == confident]
+    wrong = [n for n in names if BY_NAME[n].confident != confident]
+    if wrong:
+        ap.error(f"scenarios {wrong} need the {'base' if confident else 'confident'} checkpoint "
+                 f"(make_checkpoint.py{'' if confident else ' --confident'}); {a.checkpoint} is "
+                 f"{'confident' if confident else 'the base one'}")
     a.out.mkdir(parents=True, exist_ok=True)
     t_all = time.time()
     preds: dict[str, object] = {}
@@ -308,6 +333,7 @@ def main(argv=None) -> int:
                 "numerics": numerics,
                 "config": config,
                 "checkpoint_sha256": ckpt_sha,
+                "confident_checkpoint": confident,
                 "timing_s": {"build": round(build_s, 2), "probe": round(probe_s, 2),
                              "requests": round(steps_s, 2), "total": round(time.time() - t0, 2)},
                 "facts": common.run_facts(a.threads),
