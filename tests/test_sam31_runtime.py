@@ -332,7 +332,7 @@ def test_planning_changes_nothing(bundle, sam31_reference, monkeypatch):
     from sam3track.families.sam31.tracker import Sam31Tracker
 
     def host_state(t):
-        return pickle.dumps((t.meta, t.obj_id_to_score, t.sam2_scores, t._warned,
+        return pickle.dumps((t.meta, t.obj_id_to_score, t.sam2_scores,
                              [(s.registry, s.frames, s.tracked) for s in t.states]))
 
     class NoDevice:
@@ -359,7 +359,75 @@ def test_planning_changes_nothing(bundle, sam31_reference, monkeypatch):
     assert replay.session.tracker.meta is plans[-1].meta  # the last frame's metadata, installed
 
 
+@pytest.fixture(scope="module")
+def confident(sam31_reference, tmp_path_factory):
+    """The bundle of the confident checkpoint (make_checkpoint.py --confident) and its scenarios folder."""
+    from graphs.export import main
+
+    ck, scenarios = sam31_reference.confident()
+    out = tmp_path_factory.mktemp("sam31conf") / "bundle"
+    assert main(["--family", "sam3.1", "--checkpoint", str(ck / "sam3.1_multiplex.pt"), "--out", str(out)]) == 0
+    return out, scenarios
+
+
+@pytest.mark.parametrize("name", ("recondition_forward", "recondition_both"))
+def test_reconditioning_matches_meta(confident, monkeypatch, name):
+    """On the confident checkpoint Meta reconditions the track on the prompt frame when the propagation
+    reaches it (the recorded _recondition_masklets calls): the detection's mask merged into the track's
+    where they disagree, the track's pointer, score and memory of that frame rebuilt from it. Every
+    response matches, and sam3track reconditions exactly the objects on exactly the frames Meta did."""
+    from sam3track.families.sam31.tracker import Sam31Tracker
+
+    bundle, scenarios = confident
+    doc, responses = ref.load_scenario(scenarios, name)
+    want = [(c["frame"], c["reconditioned_obj_ids"]) for c in doc["reconditioned"] if c["reconditioned_obj_ids"]]
+    assert want, f"Meta reconditioned nothing in {name}: the scenario no longer reaches the rule"
+    done, original = [], Sam31Tracker.recondition
+
+    def spy(self, frame, features, det, recondition):
+        done.append((frame, sorted(recondition)))
+        return original(self, frame, features, det, recondition)
+
+    monkeypatch.setattr(Sam31Tracker, "recondition", spy)
+    pairs, _ = replay(bundle, doc, responses)
+    assert len(pairs) == len(responses)
+    stats = parity(pairs)
+    print(name, stats, done)
+    assert done == want
+    assert_parity(stats)
+    assert_same_states(replay.session, doc)
+
+
 # ------------------------------------------------------------------------------------------ units
+def test_reconditioning_plan_follows_metas_filters():
+    """Meta's rule on synthetic inputs: only every recondition_every_nth_frame-th frame, only kept
+    confident unambiguous detections (the association's det_high_conf_and_iou), a later detection
+    naming the same track replaces the earlier one in place, and the track's own probability must be
+    > 0.8."""
+    from types import SimpleNamespace
+
+    from sam3track.families.sam31 import heuristics as H
+    from sam3track.families.sam31.tracker import Sam31Tracker, Tracked
+
+    stub = SimpleNamespace(config=SimpleNamespace(recondition_every_nth_frame=16))
+    prev_ids = np.asarray([3, 5, 8], np.int64)
+    logit = lambda p: float(np.log(p / (1 - p)))  # noqa: E731
+    tracked = Tracked(prev_ids, np.zeros((3, 4, 4), np.float32),
+                      np.asarray([logit(0.9), logit(0.95), logit(0.79)], np.float32))
+    det = H.Detections(np.full(6, 0.9, np.float32), np.zeros((6, 4, 4), np.float32),
+                       np.asarray([True, True, True, True, False, True]))
+    # det 3: track 8 is not confident; det 4: not kept; det 5: not confident or ambiguous
+    assoc = H.Association(np.zeros(3, bool), np.ones(3, bool), np.zeros(6, bool), np.zeros((6, 3), bool),
+                          det_to_max_trk=np.asarray([1, 0, 1, 2, 0, 0]),
+                          det_high_conf_and_iou=np.asarray([True, True, True, True, True, False]))
+    plan = lambda frame: Sam31Tracker._recondition_plan(stub, frame, det, tracked, assoc, prev_ids)  # noqa: E731
+    got = plan(32)
+    assert got == {5: 2, 3: 1} and list(got) == [5, 3]  # det 2 replaced det 0 for track 5, in place
+    assert plan(17) == {}
+    stub.config.recondition_every_nth_frame = 0
+    assert plan(32) == {}
+
+
 def test_bucket_registry_fills_holes_never_and_drops_empty_buckets():
     from sam3track.families.sam31.buckets import EMPTY, REMOVED, BucketRegistry
 

@@ -16,8 +16,7 @@ Where this follows Meta's SAM 3.1 predictor rather than sam3track's SAM 3 sessio
 
 Not implemented yet (each is a clear error or documented skip, never a silent divergence in the
 recorded scenarios): boxes (PromptError), a second refinement of an object on a frame it was refined
-on and tracked through since (PromptError), reconditioning every 16th frame (Meta needs
-detections scoring >= 0.8; skipped).
+on and tracked through since (PromptError).
 
 A live stream (start_session(None), add_prompt(text=...), then track(frame) per frame) has no Meta
 counterpart: it gives what a video session gives on the same frames with hotstart_delay 0.

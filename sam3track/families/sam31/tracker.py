@@ -6,44 +6,39 @@
 Meta's planning phase also encodes the tracked objects' memories and updates its metadata in place; to
 keep planning free of changes, here it decides on a copy of the metadata, and execution encodes those
 memories first, then installs the metadata and scores, then runs births and removals: the same graph
-calls in Meta's order, the same results.
+calls in Meta's order, the same results. Births and reconditioning (Meta's add_new_masks) live in
+mask_inputs.py, clicks in clicks.py.
 
 Graph calls per frame: one backbone, one grounding_head, at most one propagation_decoder (every bucket
 of every tracker state in one batched call), one memory_encoder for the frame's memories (all buckets
 at once); frames with births add one interactive_neck, one mask_init and one memory_encoder per state
-that receives objects.
+that receives objects; reconditioning (every 16th frame, where Meta's rule fires) one mask_init per
+state it touches, sharing the frame's interactive_neck with the births.
 """
 
 from __future__ import annotations
 
 import copy
-import warnings
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from ...call_sizes import chunks, fixed_size, pad_rows
 from ...errors import CapacityError, PromptError
-from ...mask_ops import (apply_non_overlapping_constraints, objects_to_suppress_by_recent_occlusion,
+from ...mask_ops import (fill_holes_in_mask_scores, objects_to_suppress_by_recent_occlusion,
                          suppress_object_pw_area_shrinkage)
 from ...phases import FramePhases, run_frame
 from . import heuristics as H
-from .buckets import BucketRegistry
 from .clicks import ClickPrompts
+from .mask_inputs import MaskInputs
 from .memory import FrameRecord, MultiplexMemory, TrackerState, propagation_feeds, select
-from .resize import bilinear, bilinear_antialias
+from .resize import bilinear
 
-NO_OBJ_SCORE = 1024.0  # Meta's -NO_OBJ_SCORE / NO_OBJ_SCORE for user (and birth) masks at video resolution
 MASK_SCORE = 10.0  # Meta's +-10 object scores by mask area
 REMOVED_SCORE = -1e4
 POOL_AXES = ("memory_rows", "image_rows", "pointer_rows")
 BUCKET_INPUTS = ("memory_index", "memory_image_index", "memory_slot", "memory_valid", "pointer_index",
                  "pointer_offset", "pointer_valid", "slot_valid")
-
-
-def state_record_is_cond(state: TrackerState, frame: int) -> bool:
-    record = state.frames.get(frame)
-    return record is not None and record.cond
 
 
 def _sigmoid(x):
@@ -79,7 +74,7 @@ class FramePlan:
     dropped: int  # new detections over max_num_objects
     meta: H.TrackMeta  # the metadata after this frame (hotstart counters, rows, confirmation)
     scores: dict[int, float]  # obj_id_to_score entries this frame sets: new objects, removed ones
-    would_recondition: bool  # Meta would recondition tracks here (not implemented: a warning)
+    recondition: dict[int, int]  # tracked obj_id -> the detection that reconditions it (Meta's dict order)
 
 
 @dataclass
@@ -94,7 +89,7 @@ class FrameOut:
     scores: dict[int, float] = field(default_factory=dict)  # Meta's obj_id_to_score as of this frame
 
 
-class Sam31Tracker(ClickPrompts):
+class Sam31Tracker(MaskInputs, ClickPrompts):
     """Everything one session tracks: tracker states, per-object metadata, the memory bank."""
 
     def __init__(self, backend, graphs, config, video_hw: tuple[int, int]):
@@ -122,7 +117,6 @@ class Sam31Tracker(ClickPrompts):
         self.obj_id_to_score: dict[int, float] = {}
         self.sam2_scores: dict[int, dict[int, float]] = {}  # frame -> obj_id -> tracker probability
         self.text = None  # (features host [1, T, D], mask int32 [1, T])
-        self._warned = False
 
     @property
     def obj_ids(self) -> list[int]:
@@ -305,88 +299,6 @@ class Sam31Tracker(ClickPrompts):
             for _, record, _, saved in items:
                 record.scores = saved
 
-    # ------------------------------------------------------------------------------------ births
-    def add_objects(self, frame: int, features: dict, obj_ids: list[int], det_logits: np.ndarray) -> None:
-        """Meta's _tracker_add_new_objects: the best-fitting state (fewest free slots that still hold
-        them all) or a new one; masks from the detector logits (bilinear to 16F, > 0); the pointer from
-        mask_init on the interactive features; the masks at video resolution wipe one another
-        (add_new_masks); the state's memory of the frame re-encoded from the consolidated masks."""
-        cfg, b, mem = self.config, self.backend, self.memory
-        n = len(obj_ids)
-        best = None
-        for state in self.states:
-            free = state.registry.available_slots
-            if free >= n and (best is None or free < best.registry.available_slots):
-                best = state
-        inter = self.interactive(features)
-        graph = self.graphs["mask_init"]
-        logits = det_logits[:, None].astype(np.float32)
-        pointers, init_scores, init_low = [], [], []
-        for chunk in chunks(b, graph, "objects", n):
-            out = b.run(graph, {"interactive_feat": inter["interactive_feat"],
-                                "mask_logits": pad_rows(logits[chunk.items], chunk.size)})
-            pointers.append(b.to_host(out["object_pointer"])[:chunk.count])
-            init_scores.append(b.to_host(out["object_score_logits"])[:chunk.count, 0])
-            init_low.append(b.to_host(out["low_res_masks"])[:chunk.count, 0])
-        pointers, init_scores, init_low = np.concatenate(pointers), np.concatenate(init_scores), np.concatenate(init_low)
-        side = cfg.input_mask_size
-        binary = bilinear(det_logits, side, side) > 0  # 16F, as _tracker_add_new_objects prepares them
-        h, w = self.video_hw
-        video = bilinear_antialias(binary.astype(np.float32), h, w) > 0.5
-        # Meta's add_new_masks: each newborn loses the pixels of the other newborns (births wipe each other)
-        wiped = video.copy()
-        if n > 1:
-            for i in range(n):
-                others = np.delete(video, i, axis=0).any(0)
-                wiped[i] &= ~others
-        size = cfg.low_res_mask_size
-        wiped_low = bilinear_antialias(np.where(wiped, NO_OBJ_SCORE, -NO_OBJ_SCORE).astype(np.float32), size, size)
-        if best is None:
-            state = TrackerState(BucketRegistry.for_objects(list(obj_ids), cfg.multiplex_count))
-            reg = state.registry
-            rows = mem.pointers.allocate(reg.num_buckets)
-            packed = reg.pack({o: pointers[i] for i, o in enumerate(obj_ids)})
-            mem.write_pointer_rows(rows, packed)
-            record = FrameRecord(cond=True, masks={o: wiped_low[i] for i, o in enumerate(obj_ids)},
-                                 scores={o: float(init_scores[i]) for i, o in enumerate(obj_ids)},
-                                 pointer_rows=[int(r) for r in rows], conditioning=set(obj_ids), consolidated=True)
-            state.frames[frame] = record
-            self.states.append(state)
-        elif state_record_is_cond(best, frame):
-            # Births into an existing state on one of its conditioning frames (the prompt frame tracked
-            # again): Meta adds them to that frame's stored output in place -- masks (mask_init's, not
-            # wiped), scores, pointers, conditioning flags -- and its re-encoded consolidation lands in
-            # non_cond_frame_outputs, which it then drops (an output on a conditioning frame wins):
-            # the frame's memory stays the one encoded before the births.
-            state, record = best, best.frames[frame]
-            state.registry.add(list(obj_ids))
-            for i, o in enumerate(obj_ids):
-                record.masks[o] = init_low[i]
-                record.scores[o] = float(init_scores[i])
-            record.conditioning |= set(obj_ids)
-            mem.set_pointer_slots(record, state.registry, {o: pointers[i] for i, o in enumerate(obj_ids)})
-            return
-        else:
-            # Births into an existing state: its empty slots, and the frame stays a NON-conditioning
-            # frame (it was tracked already), the newcomers only flagged in the conditioning channel.
-            state = best
-            record = state.frames[frame]
-            state.registry.add(list(obj_ids))
-            # the existing objects keep their propagated masks (Meta's consolidation falls back to their
-            # per-object outputs of the frame); the newcomers get their wiped video-resolution masks
-            for i, o in enumerate(obj_ids):
-                record.masks[o] = wiped_low[i]
-                record.scores[o] = float(init_scores[i])
-            record.conditioning |= set(obj_ids)
-            record.consolidated = True
-            mem.set_pointer_slots(record, state.registry, {o: pointers[i] for i, o in enumerate(obj_ids)})
-        state.tracked.setdefault(frame, False)
-        # propagate_in_video_preflight: the consolidated masks at 14F, pixel argmax over the state
-        image = cfg.image_size
-        ids = state.obj_ids
-        high = apply_non_overlapping_constraints(bilinear(np.stack([record.masks[o] for o in ids]), image, image))
-        self._encode(features, [(state, record, {o: high[i] for i, o in enumerate(ids)})])
-
     # ---------------------------------------------------------------------------------- removals
     def remove_objects(self, obj_ids) -> None:
         """Meta's _tracker_remove_objects: holes in the buckets, empty buckets sliced out of every
@@ -458,12 +370,17 @@ class Sam31Tracker(ClickPrompts):
         prev_ids = meta.obj_ids.copy()
         assoc = H.associate(det, tracked.masks, cfg)
         to_remove = H.hotstart(frame, reverse, assoc, meta, cfg)
-        # Reconditioning (every recondition_every_nth_frame frames, a detection scoring >= 0.8 that
-        # matches one track unambiguously) is not implemented: `execute` warns where Meta would
-        # recondition, since the results differ from Meta's from that frame on.
-        n = cfg.recondition_every_nth_frame
-        would_recondition = bool(n > 0 and frame % n == 0 and prev_ids.size and assoc.det_high_conf_and_iou.any())
+        recondition = self._recondition_plan(frame, det, tracked, assoc, prev_ids)
         trk_masks = tracked.masks
+        if recondition:
+            # Meta's _recondition_masklets, before the occlusion rule reads the masks: where the detection
+            # and the track disagree on a pixel's side, the detection's logit wins
+            trk_masks = trk_masks.copy()
+            rows = [int(np.flatnonzero(prev_ids == o)[0]) for o in recondition]
+            new = det.masks[list(recondition.values())]
+            old = trk_masks[rows]
+            merged = np.where((new > 0) == (old > 0), old, new)
+            trk_masks[rows] = fill_holes_in_mask_scores(merged, cfg.fill_hole_area)
         if prev_ids.size and cfg.suppress_overlapping_based_on_recent_occlusion_threshold > 0.0:
             last = np.where(to_remove, H.ALWAYS_OCCLUDED, meta.last_occluded)
             binary = trk_masks > 0
@@ -499,18 +416,32 @@ class Sam31Tracker(ClickPrompts):
             H.update_confirmation(meta, prev_ids, prev_status, prev_consecutive, hit, cfg)
             unconfirmed = [int(o) for o in meta.obj_ids[meta.status == H.UNCONFIRMED]]
         return FramePlan(trk_masks, new_inds, new_ids, removed_ids, unconfirmed, dropped, meta, scores,
-                         would_recondition)
+                         recondition)
+
+    def _recondition_plan(self, frame: int, det: H.Detections, tracked: Tracked, assoc: H.Association,
+                          prev_ids: np.ndarray) -> dict[int, int]:
+        """Which tracks Meta reconditions on this frame (its should_recondition_periodic, then the
+        filter of _recondition_masklets): on every recondition_every_nth_frame-th frame, each kept,
+        confident (>= 0.8), unambiguously overlapping detection names the track it overlaps most (a later
+        detection naming the same track wins), and that track is reconditioned if its tracker
+        probability is > 0.8. Both 0.8s are constants in Meta's code, not config values."""
+        n = self.config.recondition_every_nth_frame
+        if not (n > 0 and frame % n == 0 and prev_ids.size):
+            return {}
+        candidates: dict[int, int] = {}
+        for d in np.flatnonzero(det.keep & assoc.det_high_conf_and_iou):
+            candidates[int(prev_ids[assoc.det_to_max_trk[d]])] = int(d)
+        probs = _sigmoid(tracked.scores)
+        row = {int(o): i for i, o in enumerate(prev_ids)}
+        return {o: d for o, d in candidates.items() if probs[row[o]] > np.float32(H.HIGH_CONF_THRESH)}
 
     def execute(self, frame: int, features: dict, det: H.Detections, tracked: Tracked, plan: FramePlan) -> None:
-        """Apply the plan: the tracked objects' memories (the memory half of Meta's planning phase),
-        the metadata and scores, then Meta's run_tracker_update_execution_phase: births (all of the
-        frame's in one state), then removals; last the tracker probabilities (Meta's build_outputs)."""
-        if plan.would_recondition and not self._warned:
-            # stacklevel 5: the caller of step() (through Sam31Frame.execute and run_frame)
-            warnings.warn(f"frame {frame}: Meta's SAM 3.1 would recondition tracks on high-confidence detections "
-                          "here; sam3track does not implement reconditioning yet, so results can differ from "
-                          "Meta's from this frame on", RuntimeWarning, stacklevel=5)
-            self._warned = True
+        """Apply the plan: reconditioning, the tracked objects' memories (the memory half of Meta's
+        planning phase), the metadata and scores, then Meta's run_tracker_update_execution_phase: births
+        (all of the frame's in one state), then removals; last the tracker probabilities (Meta's
+        build_outputs)."""
+        if plan.recondition:
+            self.recondition(frame, features, det, plan.recondition)
         if tracked.obj_ids.size:
             self.update_memories(frame, features, tracked.obj_ids, plan.track_masks)
         self.meta = plan.meta
