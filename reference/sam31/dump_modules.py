@@ -325,7 +325,50 @@ def run(pred, out: Path, seed: int) -> Dumper:
            lambda: trk.get_propagation_dense_pe())
 
     tracker_steps(D, trk, vb, F, g)
+    box_grounding(D, det, trunk_out, g)
     return D
+
+
+def box_grounding(D: Dumper, det, trunk_out: dict, g: torch.Generator) -> None:
+    """The grounding head with box prompts, as a boxes add_prompt runs it on its frame (Meta's
+    _get_visual_prompt: normalised cxcywh boxes with labels in a Prompt, seq-first). Last of the cases, so
+    the seeded inputs of every earlier case stay what they were. At T=2 image 1 has one padded box
+    (box_mask True), so the padding rule is seen too; the text is "<text placeholder>" at T=1 (what a
+    boxes-only add_prompt encodes) and "bike" at T=2."""
+    for T, K, text in ((1, 2, "<text placeholder>"), (2, 3, "bike")):
+        img = trunk_out[T][0]
+        center = torch.rand(K, T, 2, generator=g) * 0.5 + 0.25
+        size = torch.rand(K, T, 2, generator=g) * 0.4 + 0.1
+        boxes = torch.cat([center, size], -1)
+        labels = (torch.arange(K * T).view(K, T) % 3 != 2).long()  # positives and one negative per image
+        mask = torch.zeros(T, K, dtype=torch.bool)
+        if T > 1:
+            mask[1, -1] = True
+
+        def grounding(images, text_ids, img_ids, boxes, box_labels, box_mask, _text=[text, "visual", "geometric"]):
+            from sam3.model.geometry_encoders import Prompt
+
+            with torch.inference_mode():
+                bo = {"img_batch_all_stages": images}
+                bo.update(det.backbone.forward_image(images, need_interactive_out=False,
+                                                     need_propagation_out=False))
+                bo.update(det.backbone.forward_text(_text, device=torch.device("cpu")))
+                prompt = Prompt(box_embeddings=boxes, box_mask=box_mask, box_labels=box_labels)
+                out = det.forward_grounding(backbone_out=bo, find_input=_FindInput(img_ids=img_ids, text_ids=text_ids),
+                                            find_target=None, geometric_prompt=prompt)
+            keep = ("pred_logits", "pred_boxes", "pred_boxes_xyxy", "pred_masks", "presence_logit_dec")
+            return {k: out[k] for k in keep if k in out}
+
+        D.case(f"box_grounding_T{T}_K{K}", "detector (forward_grounding)",
+               "detector.forward_grounding(..., geometric_prompt=Prompt(box_embeddings [K,T,4] cxcywh, box_mask "
+               f"[T,K] True = padding, box_labels [K,T])) on the text {text!r}",
+               {"images": img, "text_ids": torch.zeros(T, dtype=torch.long), "img_ids": torch.arange(T, dtype=torch.long),
+                "boxes": boxes, "box_labels": labels, "box_mask": mask},
+               grounding,
+               sub={"geometry_encoder": det.geometry_encoder, "transformer.encoder": det.transformer.encoder,
+                    "segmentation_head": det.segmentation_head},
+               note="the prompt is the 32 text tokens, then the K box tokens and the CLS token of the geometry "
+                    "encoder (padded boxes masked)")
 
 
 # ------------------------------------------------------------------------------------ tracker steps

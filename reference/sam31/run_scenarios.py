@@ -49,13 +49,14 @@ class Scenario:
     doc: str
     clip: str
     frames: int
-    text: str
+    text: str | None                     # None: no text (a boxes-only prompt)
     prompt_frame: int
     n_objects: int                       # objects born on the prompt frame (threshold choice)
     steps: object                        # callable(Driver, ctx) -> None
     builder: dict = dataclasses.field(default_factory=dict)     # build_sam3_predictor kwargs
     overrides: dict = dataclasses.field(default_factory=dict)   # model attributes set (beyond thresholds)
     confident: bool = False              # runs on the --confident checkpoint (make_checkpoint.py), only there
+    boxes: dict = dataclasses.field(default_factory=dict)       # bounding_boxes (+ _labels) of the first prompt
 
 
 # ------------------------------------------------------------------------------------------ steps
@@ -102,6 +103,12 @@ def s_remove(d: driver.Driver, ctx: dict) -> None:
     d.request("click_after_remove", type="add_prompt", frame_index=5, points=[[0.5, 0.5]],
               point_labels=[1], obj_id=max(ids) + 1 if ids else 0)
     d.stream("after_remove_click", propagation_direction="forward", start_frame_index=5)
+
+
+def s_boxes(d: driver.Driver, ctx: dict) -> None:
+    """A boxes add_prompt (with the scenario's text, or none), then propagation both ways from its frame."""
+    d.request("boxes", type="add_prompt", frame_index=ctx["prompt_frame"], text=ctx["text"], **ctx["boxes"])
+    d.stream("both", propagation_direction="both", start_frame_index=ctx["prompt_frame"])
 
 
 def s_forward_backward(d: driver.Driver, ctx: dict) -> None:
@@ -169,11 +176,25 @@ SCENARIOS += [
              "carphone_pristine.mp4", 20, "face", 16, 1, s_forward_backward, overrides=NO_CONFIRM,
              confident=True),
 ]
+# Boxes in Meta's SAM 3.1 are detector exemplars (normalised [x, y, w, h], label 1 positive / 0 negative):
+# the add_prompt starts over like a text one and only its own frame's detection sees them (the geometric
+# prompt of that frame is read by the single-frame grounding; propagation detects with the text alone).
+# Without text Meta encodes "<text placeholder>" as the text.
+SCENARIOS += [
+    Scenario("boxes_with_text", "text and two boxes (one positive, one negative) on frame 2 (4 objects), "
+             "propagation_direction='both'", "carphone_pristine.mp4", 8, "person", 2, 4, s_boxes,
+             overrides=NO_CONFIRM, boxes={"bounding_boxes": [[0.25, 0.2, 0.5, 0.75], [0.0, 0.0, 0.2, 0.25]],
+                                          "bounding_box_labels": [1, 0]}),
+    Scenario("boxes_only", "two positive boxes and no text on frame 0 (3 objects), then propagation both "
+             "ways (the backward half is empty: frame 0 is the first)", "bikes.mp4", 8, None, 0, 3, s_boxes,
+             overrides=NO_CONFIRM, boxes={"bounding_boxes": [[0.1, 0.3, 0.3, 0.5], [0.55, 0.25, 0.3, 0.6]],
+                                          "bounding_box_labels": [1, 1]}),
+]
 BY_NAME = {s.name: s for s in SCENARIOS}
 
 
 # ------------------------------------------------------------------------------------------ probe
-def probe_scores(pred, frames_dir: Path, text: str, prompt_frame: int) -> dict[int, list[float]]:
+def probe_scores(pred, frames_dir: Path, text: str | None, prompt_frame: int, boxes: dict) -> dict[int, list[float]]:
     """Detection probabilities per frame (after the boundary filter Meta applies), nothing kept.
 
     The same request sequence as a scenario's first steps (add_prompt on the prompt frame, then
@@ -197,7 +218,7 @@ def probe_scores(pred, frames_dir: Path, text: str, prompt_frame: int) -> dict[i
     m.det_nms_thresh = 0.0
     try:
         sid = pred.handle_request(dict(type="start_session", resource_path=str(frames_dir)))["session_id"]
-        pred.handle_request(dict(type="add_prompt", session_id=sid, frame_index=prompt_frame, text=text))
+        pred.handle_request(dict(type="add_prompt", session_id=sid, frame_index=prompt_frame, text=text, **boxes))
         for _ in pred.handle_stream_request(dict(type="propagate_in_video", session_id=sid,
                                                  propagation_direction="both",
                                                  start_frame_index=prompt_frame)):
@@ -293,9 +314,9 @@ def main(argv=None) -> int:
             folder, shas, shape = clips[ck]
 
             tp = time.time()
-            pk = (sc.clip, sc.frames, sc.text, sc.prompt_frame)  # scores depend on these only
+            pk = (sc.clip, sc.frames, sc.text, sc.prompt_frame, repr(sc.boxes))  # scores depend on these only
             if pk not in probes:
-                probes[pk] = probe_scores(pred, folder, sc.text, sc.prompt_frame)
+                probes[pk] = probe_scores(pred, folder, sc.text, sc.prompt_frame, sc.boxes)
             scores = probes[pk]
             probe_s = time.time() - tp
             thr, why = threshold_for(scores[sc.prompt_frame], sc.n_objects)
@@ -304,7 +325,7 @@ def main(argv=None) -> int:
             meta_values = {k: getattr(m, k) for k in overrides}
             for k, v in overrides.items():
                 setattr(m, k, v)
-            ctx = {"text": sc.text, "prompt_frame": sc.prompt_frame}
+            ctx = {"text": sc.text, "prompt_frame": sc.prompt_frame, "boxes": sc.boxes}
             d = driver.Driver(pred)
             try:
                 d.start(folder)
@@ -329,7 +350,8 @@ def main(argv=None) -> int:
                 "builder_defaults_changed": {k: {"meta_default": 16, "value": v}
                                              for k, v in sc.builder.items() if k == "max_num_objects"},
                 "overrides": {k: {"meta_value": meta_values[k], "value": v} for k, v in overrides.items()},
-                "context": {k: v for k, v in ctx.items() if k not in ("text", "prompt_frame")},
+                "boxes": sc.boxes,
+                "context": {k: v for k, v in ctx.items() if k not in ("text", "prompt_frame", "boxes")},
                 "numerics": numerics,
                 "config": config,
                 "checkpoint_sha256": ckpt_sha,
