@@ -230,6 +230,11 @@ def sample_inputs(plan: GraphPlan, sizes: dict[str, int], manifest: dict, model=
                 value[:, 0] = True
         elif name.endswith("_offset"):
             value = rng.uniform(-1, 1, shape)
+        elif name == "boxes":  # normalised cxcywh boxes inside the frame
+            half = tuple(shape[:-1]) + (2,)
+            value = np.concatenate([rng.uniform(0.2, 0.8, half), rng.uniform(0.05, 0.4, half)], -1)
+        elif name == "box_labels":  # negative, positive
+            value = rng.integers(0, 2, shape)
         elif t.dtype.startswith("float"):
             value = rng.standard_normal(shape)
         else:

@@ -19,6 +19,9 @@ not objects (graphs/sam31/tracker_specs.py). The plan per graph, and why:
   (--gears memories=4,10) turns it into dynamic dims over the product.
 - memory_encoder: buckets x mask_side (14F for births and clicks, 16F for propagated frames: the graph
   resizes 14F to 16F itself, so both are real call shapes): dynamic dims, 3 x 2 = 6 profiles.
+- box_grounding_head: the frame of a boxes add_prompt, one image and one prompt, boxes at ``BOX_GEARS``
+  (dynamic dims; the runtime pads a call to the next gear with box_valid 0, which no token attends to);
+  images and prompts follow grounding_head's rule when --gears varies images.
 - interactive_decoder: objects x points, as SAM 3 (GRAPH_GEARS: objects 1, 2, 4; 33 profiles).
 - mask_init: objects at batch gears.
 
@@ -34,9 +37,13 @@ FAMILY = "sam3.1"
 POOL_OBJECTS = 64
 SPARE_ENTRIES = 8  # per bucket beyond the recent window, as SAM 3's pools (conditioning frames, pinned frames)
 
+# The boxes of one boxes add_prompt a converted bundle takes (more: convert with --gears boxes=...)
+BOX_GEARS = (1, 2, 4, 8)
+
 # Axis rules a --dynamic_dims profile must satisfy, per graph: sizes -> allowed.
 ALLOWED = {
     "grounding_head": lambda s: s["prompts"] in (1, s["images"]),
+    "box_grounding_head": lambda s: s["prompts"] in (1, s["images"]),
 }
 
 
@@ -77,19 +84,22 @@ def default_gears(manifest: dict, base: dict[str, tuple[int, ...]]) -> dict[str,
     powers of two up to the pool's buckets, mask_side at its two sizes and the pool axes at one size each."""
     n = pool_buckets(manifest)
     buckets = tuple(sorted({min(2 ** i, n) for i in range(n.bit_length() + 1)}))
-    return {**base, "buckets": buckets, "mask_side": mask_sides(manifest),
+    return {**base, "buckets": buckets, "mask_side": mask_sides(manifest), "boxes": BOX_GEARS,
             **{axis: (size,) for axis, size in capacities(manifest).items()}}
 
 
 def graph_gears(base: dict[str, tuple[int, ...]]) -> dict[str, dict[str, tuple[int, ...]]]:
     """Per-graph defaults (where an axis was not given with --gears): grounding_head's images run at
-    the prompt gears (its rows are image-prompt pairs)."""
-    return {"grounding_head": {"images": base["prompts"]}}
+    the prompt gears (its rows are image-prompt pairs); box_grounding_head runs one image, one prompt."""
+    return {"grounding_head": {"images": base["prompts"]}, "box_grounding_head": {"images": (1,), "prompts": (1,)}}
 
 
 def notes(plan) -> list[str]:
     """What the om_manifest records about a SAM 3.1 graph's plan (GraphPlan ``plan``), in words."""
     name, axes = plan.graph, plan.axes
+    if name == "box_grounding_head":
+        return [f"boxes at {', '.join(map(str, axes.get('boxes', ())))}: a call is padded to the next gear with "
+                "box_valid 0 (no token attends to a padding box); more boxes need --gears boxes=..."]
     if name == "grounding_head" and plan.varying:
         return ["rows are image-prompt pairs: profiles only where prompts is 1 (one prompt for every image) or "
                 "equals images (prompt i with image i), the only shapes the graph runs"]

@@ -40,7 +40,7 @@ from sam3track.testing.fake_atc import install_fake_atc, read_fake_om
 CAPACITIES = {"memories": 4, "pointers": 6, "memory_rows": 9, "image_rows": 7, "pointer_rows": 11}
 GEARS = {"images": (1, 2), **{a: (n,) for a, n in CAPACITIES.items()}}
 BATCH_AXES = ("buckets", "objects", "prompts", "images")
-ENTRY_AXES = ("memories", "pointers")
+ENTRY_AXES = ("memories", "pointers", "boxes")  # padded with zeros: their *_valid input masks them out
 POOL_AXES = ("memory_rows", "image_rows", "pointer_rows")
 
 
@@ -71,7 +71,8 @@ def test_every_graph_compiles_with_its_mode_and_the_family_is_recorded(bundles):
     assert om["compiled"] and om["family"] == "sam3.1" and _manifest(out)["family"] == "sam3.1"
     modes = {g: e["mode"] for g, e in om["graphs"].items()}
     assert modes == {"text_encoder": "dynamic_batch", "backbone": "dynamic_batch", "interactive_neck": "dynamic_batch",
-                     "grounding_head": "dynamic_dims", "propagation_decoder": "dynamic_batch",
+                     "grounding_head": "dynamic_dims", "box_grounding_head": "dynamic_dims",
+                     "propagation_decoder": "dynamic_batch",
                      "memory_encoder": "dynamic_dims", "interactive_decoder": "dynamic_dims",
                      "mask_init": "dynamic_batch"}
     for name, g in om["graphs"].items():
@@ -118,6 +119,9 @@ def test_detector_graphs_gear_over_images_and_prompts(bundles):
     assert head["axes"] == {"images": [1, 2], "prompts": [1, 2]}
     assert head["profiles"] == [[1, 1, 1, 1, 1], [2, 2, 2, 1, 1], [2, 2, 2, 2, 2]]
     assert head["checked_at"] == {"images": 2, "prompts": 2} and "image-prompt pairs" in head["notes"][0]
+    boxes = om["graphs"]["box_grounding_head"]  # --gears images=1,2; one prompt; boxes at BOX_GEARS
+    assert boxes["axes"] == {"images": [1, 2], "prompts": [1], "boxes": list(sam31.BOX_GEARS)}
+    assert len(boxes["profiles"]) == 2 * len(sam31.BOX_GEARS) and "box_valid 0" in boxes["notes"][0]
 
     # the default plan: one image per backbone call, the grounding head's rows at the prompt gears
     plans = make_plans(_manifest(plain))
@@ -125,6 +129,8 @@ def test_detector_graphs_gear_over_images_and_prompts(bundles):
     assert plans["grounding_head"].axes == {"images": (1, 2, 4, 8), "prompts": (1, 2, 4, 8)}
     assert plans["grounding_head"].dynamic_dims == tuple((i, i, i, p, p) for i in (1, 2, 4, 8) for p in sorted({1, i}))
     assert plans["propagation_decoder"].mode == "dynamic_batch"
+    assert plans["box_grounding_head"].axes == {"images": (1,), "prompts": (1,), "boxes": sam31.BOX_GEARS}
+    assert plans["box_grounding_head"].mode == "dynamic_dims"
     # one image per call: one prompt per call (2 prompts for 1 image is no shape the graph runs)
     one = make_plans(_manifest(plain), {"images": (1,)})["grounding_head"]
     assert one.mode == "static" and one.axes == {"images": (1,), "prompts": (1,)}
@@ -159,6 +165,8 @@ CASES = [
     ("grounding_head", {"images": 1, "prompts": 1}),
     ("grounding_head", {"images": 2, "prompts": 1}),
     ("grounding_head", {"images": 2, "prompts": 2}),
+    ("box_grounding_head", {"images": 1, "prompts": 1, "boxes": 2}),
+    ("box_grounding_head", {"images": 2, "prompts": 1, "boxes": 3}),  # padded to 4 boxes
     ("propagation_decoder", {"buckets": 1, **CAPACITIES}),  # every compiled size used
     ("propagation_decoder", {"buckets": 3, "memories": 3, "pointers": 5, "memory_rows": 7, "image_rows": 4,
                              "pointer_rows": 6}),  # buckets 3 -> 4; entries and pools padded to capacity

@@ -47,7 +47,8 @@ def test_every_graph_matches_meta_and_batches(bundle, capsys):
     # every graph was held against Meta's outputs at every dumped batch size, and batched against 1-by-1
     for case in ("text_encoder  Meta B=3", "backbone  Meta T=2", "backbone  Meta frames I=4 rounded rows",
                  "interactive_neck  Meta frames I=4 rounded rows", "grounding_head  Meta T=2 P=1",
-                 "grounding_head  I=3 P=1 graph vs 1-by-1",
+                 "grounding_head  I=3 P=1 graph vs 1-by-1", "box_grounding_head  Meta T2_K3",
+                 "box_grounding_head  I=3 P=3 K=4 graph vs 1-by-1", "box_grounding_head  K=2 padded to 4 vs K=2",
                  # the tracker: Meta's composite steps (one and two buckets, a hole, reverse), padding, batching
                  "propagation_decoder  B2_hole", "propagation_decoder  +padding", "propagation_decoder  B=5 vs 1 each",
                  "memory_encoder  H16F_B2", "memory_encoder  junk in empty slots", "memory_encoder  side 512",
@@ -251,6 +252,7 @@ TEXTS = [
     "the quick brown fox jumps over the lazy dog " * 4, "word " * 40, "supercalifragilisticexpialidocious", "x", "",
     "   ", "MiXeD CaSe", "ǅemal ĳs ŉ", "℃ ℉ ™ ½", "São Paulo", "Łódź", "\u2028para\u2029graph", "zero\u200bwidth",
     "soft\u00adhyphen", "combining e\u0300\u0301", "Ⅻ ①②", "ｶﾀｶﾅ", "١٢٣ עברית العربية", "हिन्दी", "ไทย",
+    "<text placeholder>",  # what Meta encodes for a boxes-only add_prompt
 ]
 _rng = random.Random(0)
 _ALPHABET = string.ascii_letters + string.digits + string.punctuation + " " * 10 + "éüßçñøåÆœ’“”–—…€"
@@ -353,7 +355,8 @@ def test_info_shows_the_family(bundle, capsys):
     from sam3track.cli import main
 
     assert main(["info", str(bundle)]) == 0
-    assert "family          sam3.1" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "family          sam3.1" in printed and "not runnable" not in printed
 
 
 def test_the_runtime_loads_a_sam31_bundle(bundle):

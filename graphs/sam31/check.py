@@ -439,6 +439,38 @@ def check_grounding_head(c: Sam31Checker) -> None:
                    broadcast=("text_features", "text_mask"))
 
 
+@register("box_grounding_head")
+def check_box_grounding_head(c: Sam31Checker) -> None:
+    """Meta's forward_grounding with box prompts (dump_modules.py box_grounding: 1 image x 2 boxes, and 2
+    images x 3 boxes with one padded), then batching, and padding: boxes padded to a gear (box_valid 0)
+    must give what the real boxes alone give."""
+    graph = "box_grounding_head"
+    if c.meta is not None:
+        for case in ("box_grounding_T1_K2", "box_grounding_T2_K3"):
+            z = c.meta.dump(case)
+            prompt = z["sub/transformer.encoder/in/kwargs.prompt"]  # [32 + K + 1, T, D]
+            pad = z["sub/transformer.encoder/in/kwargs.prompt_key_padding_mask"]  # [T, 32 + K + 1], True = padding
+            feeds = {f"detector_fpn{i}": z[f"sub/segmentation_head/in/kwargs.backbone_feats.{i}.tensors"] for i in range(3)}
+            feeds.update(text_features=prompt[:32].transpose(1, 0, 2), text_mask=(~pad[:, :32]).astype(np.int32),
+                         boxes=z["in/boxes"].transpose(1, 0, 2), box_labels=z["in/box_labels"].T,
+                         box_valid=(~z["in/box_mask"]).astype(np.int32))
+            ref = {"pred_logits": z["out.pred_logits"][..., 0], "presence_logits": z["out.presence_logit_dec"],
+                   "pred_boxes": z["out.pred_boxes_xyxy"], "pred_masks": z["out.pred_masks"]}
+            c.compare_outputs(graph, f"Meta {case[len('box_grounding_'):]}", c.run(graph, feeds), ref)
+    check_batching(c, graph, {"images": 3, "prompts": 3, "boxes": 4}, "I=3 P=3 K=4")
+    check_batching(c, graph, {"images": 2, "prompts": 1, "boxes": 1}, "I=2 P=1 K=1",
+                   broadcast=("text_features", "text_mask"))
+    from . import detector
+
+    dims = detector.Dims.from_sizes(c.model.sizes)
+    feeds = {k: v.numpy() for k, v in detector.sample_inputs(detector.graph_specs(dims)[graph], dims,
+                                                             {"images": 1, "boxes": 2}, seed=len(c.rows)).items()}
+    padded = dict(feeds, boxes=np.concatenate([feeds["boxes"], np.full((1, 2, 4), 0.5, np.float32)], 1),
+                  box_labels=np.concatenate([feeds["box_labels"], np.ones((1, 2), np.int32)], 1),
+                  box_valid=np.concatenate([feeds["box_valid"], np.zeros((1, 2), np.int32)], 1))
+    c.compare_outputs(graph, "K=2 padded to 4 vs K=2", c.run(graph, padded), c.torch_run(graph, feeds))
+
+
 # ------------------------------------------------------------------------------------ tracker graphs
 def _tracker_check(name: str):
     """Meta's composite tracker steps and module dumps when the bundle has the harness's seeded weights

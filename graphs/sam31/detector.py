@@ -11,6 +11,10 @@ Boundaries follow Meta's per-frame flow (sam3_multiplex_base.py ``run_backbone_a
 - ``text_encoder``: once per prompt.
 - ``grounding_head``: the detector for a batch of frames: geometry encoder (its CLS token only, as Meta
   always appends it to a text prompt), DETR encoder and decoder, dot-product scoring, segmentation head.
+- ``box_grounding_head``: the same detector with box prompts (Meta's geometric prompt of a boxes
+  add_prompt, read on that frame only): the geometry encoder's box path (ROI align, roi_align.py) before
+  the CLS token. A graph of its own, so the per-frame grounding_head keeps its 33-token prompt; it holds
+  a second copy of the detector's DETR and segmentation-head weights (48 MB of 62 at the small config).
 
 bf16 rounding of the tracker levels: on a GPU Meta casts the propagation and interactive FPN levels to
 bfloat16 ("for all-gather", sam3_multiplex_detector.py:566 / :586) before the convs, but only on the
@@ -151,15 +155,22 @@ class GroundingHead(nn.Module):
         self.pos = [neck.position_encoding((1, c, h, w), "cpu", torch.float32) for h, w in sizes]
 
     def forward(self, detector_fpn0, detector_fpn1, detector_fpn2, text_features, text_mask):
-        det = self.detector
-        images = detector_fpn0.shape[0]
-        levels = [detector_fpn0, detector_fpn1, detector_fpn2]
-        pos = [p.expand(images, -1, -1, -1) for p in self.pos]
-        cls = _geometry_cls_token(det.geometry_encoder, levels[-1], pos[-1])
+        levels, pos = self._levels(detector_fpn0, detector_fpn1, detector_fpn2)
+        images = levels[0].shape[0]
+        cls = _geometry_cls_token(self.detector.geometry_encoder, levels[-1], pos[-1])
         text = text_features.expand(images, -1, -1)
         prompt = torch.cat([text, cls], dim=1)  # 32 text tokens + the CLS token: Meta's 33-token prompt
         mask = torch.cat([text_mask.expand(images, -1) > 0, torch.ones_like(text_mask[:1, :1]).expand(images, 1) > 0],
                          dim=1)
+        return self._detect(levels, pos, prompt, mask)
+
+    def _levels(self, *levels):
+        return list(levels), [p.expand(levels[0].shape[0], -1, -1, -1) for p in self.pos]
+
+    def _detect(self, levels, pos, prompt, mask):
+        """Meta's forward_grounding after _encode_prompt: DETR encoder and decoder, box head, dot-product
+        scoring and segmentation head on the prompt tokens [I, N, D] (mask [I, N], True = a token)."""
+        det = self.detector
         encoded = det.detr_encoder(vision_features=[levels[-1]], text_features=prompt,
                                    vision_pos_embeds=[pos[-1]], text_mask=mask)
         decoded = det.detr_decoder(vision_features=encoded.last_hidden_state, text_features=encoded.text_features,
@@ -177,6 +188,59 @@ class GroundingHead(nn.Module):
                                  encoder_hidden_states=encoded.last_hidden_state, prompt_features=prompt,
                                  prompt_mask=mask).pred_masks
         return joint_logits(class_logits, presence), presence, boxes, masks
+
+
+def _box_tokens(geo, vision, vision_pos, boxes, box_labels, box_valid):
+    """Meta's geometry encoder on box prompts (geometry_encoders.py ``SequenceGeometryEncoder``: each box
+    direct-projected + ROI-pooled + position-encoded + label-embedded, then the CLS token, the projection and
+    the encoder layers; transformers' Sam3GeometryEncoder holds the same weights). boxes [B, K, 4] normalised
+    cxcywh, box_labels [B, K] (1 positive, 0 negative), box_valid [B, K] (1 = a box, 0 = padding) ->
+    tokens [B, K + 1, C], mask [B, K + 1] (True = a token). Meta packs the CLS token right after an image's
+    real boxes; here it is last: the prompt's attention and pooling do not depend on token order."""
+    from transformers.models.sam3.modeling_sam3 import box_cxcywh_to_xyxy
+
+    from .roi_align import roi_align
+
+    b, c, h, w = vision.shape
+    k = boxes.shape[1]
+    normed = geo.vision_layer_norm(vision.permute(0, 2, 3, 1)).permute(0, 3, 1, 2)
+    embed = geo.boxes_direct_project(boxes)
+    scale = torch.tensor([w, h, w, h], dtype=torch.float32).view(1, 1, 4)
+    rois = (box_cxcywh_to_xyxy(boxes) * scale).reshape(-1, 4)
+    # each box's image, as a cumulative count so that the graph keeps B and K dynamic
+    batch_index = (torch.ones_like(box_labels[:, :1]).long().cumsum(0) - 1 + 0 * box_labels.long()).reshape(-1)
+    pooled = geo.boxes_pool_project(roi_align(normed, rois, batch_index, geo.roi_size))
+    embed = embed + pooled.view(b, k, c)
+    cx, cy, bw, bh = boxes.unbind(-1)
+    coords = geo._encode_box_coordinates(cx.flatten(), cy.flatten(), bw.flatten(), bh.flatten())
+    embed = embed + geo.boxes_pos_enc_project(coords.view(b, k, -1))
+    embed = geo.label_embed(box_labels.long()) + embed
+    tokens = torch.cat([embed, geo.cls_embed.weight.reshape(1, 1, c).expand(b, 1, c)], dim=1)
+    tokens = geo.prompt_layer_norm(geo.final_proj(tokens))
+    mask = torch.cat([box_valid > 0, torch.ones_like(box_valid[:, :1]) > 0], dim=1)
+    # padded boxes are keys no token attends to (eager attention adds this to its scores)
+    bias = torch.where(mask, 0.0, torch.finfo(torch.float32).min)[:, None, None, :]
+    feats, pos = vision.flatten(2).transpose(1, 2), vision_pos.flatten(2).transpose(1, 2)
+    for layer in geo.layers:
+        tokens = layer(prompt_feats=tokens, vision_feats=feats, vision_pos_encoding=pos, prompt_mask=bias)
+    return geo.output_layer_norm(tokens), mask
+
+
+class BoxGroundingHead(GroundingHead):
+    """The grounding head with box prompts, for the frame of a boxes add_prompt (Meta encodes the boxes
+    there only): GroundingHead's inputs plus boxes [I, K, 4] (normalised cxcywh), box_labels [I, K] int32 (1
+    positive, 0 negative) and box_valid [I, K] int32 (0 = padding, so a call can be padded to a gear). The
+    prompt is the text tokens, then the box tokens and the CLS token, as Meta's _encode_prompt concatenates
+    them."""
+
+    def forward(self, detector_fpn0, detector_fpn1, detector_fpn2, text_features, text_mask, boxes, box_labels,
+                box_valid):
+        levels, pos = self._levels(detector_fpn0, detector_fpn1, detector_fpn2)
+        images = levels[0].shape[0]
+        geo, geo_mask = _box_tokens(self.detector.geometry_encoder, levels[-1], pos[-1], boxes, box_labels, box_valid)
+        prompt = torch.cat([text_features.expand(images, -1, -1), geo], dim=1)
+        mask = torch.cat([text_mask.expand(images, -1) > 0, geo_mask], dim=1)
+        return self._detect(levels, pos, prompt, mask)
 
 
 # --------------------------------------------------------------------------------------- specs
@@ -204,7 +268,7 @@ class Dims:
                    mask_size=s.mask_size, vocab_size=s.vocab_size)
 
 
-GRAPHS = ("text_encoder", "backbone", "interactive_neck", "grounding_head")
+GRAPHS = ("text_encoder", "backbone", "interactive_neck", "grounding_head", "box_grounding_head")
 
 
 def graph_specs(d: Dims) -> dict[str, GraphSpec]:
@@ -220,7 +284,7 @@ def graph_specs(d: Dims) -> dict[str, GraphSpec]:
     trunk = TensorSpec("trunk_features", "float32", ("images", d.trunk_width, g, g))
     round_levels = TensorSpec("round_levels", "float32", ("images",))
     q, t = d.num_queries, d.text_length
-    return {
+    specs = {
         "text_encoder": GraphSpec(
             "text_encoder", TextEncoder,
             inputs=(TensorSpec("input_ids", "int32", ("prompts", t)),),
@@ -245,6 +309,14 @@ def graph_specs(d: Dims) -> dict[str, GraphSpec]:
                      TensorSpec("pred_masks", "float32", ("images", q, d.mask_size, d.mask_size))),
         ),
     }
+    specs["box_grounding_head"] = GraphSpec(
+        "box_grounding_head", BoxGroundingHead,
+        inputs=specs["grounding_head"].inputs + (TensorSpec("boxes", "float32", ("images", "boxes", 4)),
+                                                 TensorSpec("box_labels", "int32", ("images", "boxes")),
+                                                 TensorSpec("box_valid", "int32", ("images", "boxes"))),
+        outputs=specs["grounding_head"].outputs,
+    )
+    return specs
 
 
 def sample_inputs(spec: GraphSpec, d: Dims, sizes: dict[str, int], seed: int = 0) -> dict[str, torch.Tensor]:
@@ -266,6 +338,16 @@ def sample_inputs(spec: GraphSpec, d: Dims, sizes: dict[str, int], seed: int = 0
             out[t.name] = (torch.arange(d.text_length)[None] < lengths[:, None]).to(torch.int32)
         elif t.name == "round_levels":
             out[t.name] = (torch.arange(shape[0]) % 2 == 0).float()
+        elif t.name == "boxes":  # normalised cxcywh inside the image, some reaching its edges
+            center, size = torch.rand(shape[:2] + (2,), generator=gen), torch.rand(shape[:2] + (2,), generator=gen)
+            size = size * torch.minimum(center, 1 - center) * 2
+            out[t.name] = torch.cat([center, size.clamp(min=1e-3)], -1)
+        elif t.name == "box_labels":
+            out[t.name] = torch.randint(0, 2, shape, generator=gen).to(torch.int32)
+        elif t.name == "box_valid":  # the last box of every other image is padding
+            valid = torch.ones(shape, dtype=torch.int32)
+            valid[1::2, -1] = 0 if shape[1] > 1 else 1
+            out[t.name] = valid
         elif t.name == "pixel_values":
             out[t.name] = torch.rand(shape, generator=gen) * 2 - 1
         else:

@@ -26,7 +26,7 @@ from . import detector
 
 # Sizes used while tracing: 2 or more, so no axis is mistaken for a broadcastable 1 (prompts too: the
 # grounding head's text rows may be 1 or images, and is traced at images).
-TRACE_SIZES = dict(images=2, prompts=2)
+TRACE_SIZES = dict(images=2, prompts=2, boxes=3)
 META_COMMIT = "96914d2425f90a64f45ca977c2b5165418099543"  # the Meta source these settings were read from
 
 # Settings of Meta's SAM 3.1 predictor as build_sam3_multiplex_video_predictor builds it (model_builder.py
