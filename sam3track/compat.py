@@ -21,10 +21,13 @@ Request types and fields are the official ones (``sam3_base_predictor.py``); out
 - ``add_prompt`` with ``points`` needs ``obj_id`` (as the official asserts): an id not tracked yet
   starts a new object, a tracked one is refined on that frame. ``clear_old_points`` defaults to
   True as in the official request, so the client sends every click of the object each time.
-- ``bounding_boxes`` (``[x, y, w, h]``, as the official) without ``text`` are **tracker box
-  prompts**, one new object per box (or the box of ``obj_id`` when one box is given, together with
-  its ``points`` if any). This is an extension: the official SAM 3 treats boxes as detector
-  exemplars, which sam3track does not support, so boxes together with text are refused.
+- ``bounding_boxes`` (``[x, y, w, h]``, as the official) on a SAM 3 bundle, without ``text``, are
+  **tracker box prompts**, one new object per box (or the box of ``obj_id`` when one box is given,
+  together with its ``points`` if any). This is an extension: the official SAM 3 treats boxes as
+  detector exemplars, which sam3track's SAM 3 path does not support, so boxes together with text are
+  refused there. On a SAM 3.1 bundle they are what Meta's SAM 3.1 predictor makes of them: detector
+  exemplars on that frame (``bounding_box_labels`` 1 positive, 0 negative), with or without text, and
+  the prompt starts over as a text one does.
 - ``rel_coordinates`` (default True) means points and boxes are fractions of the video's width
   and height; False means video pixels.
 - ``output_prob_thresh``, ``offload_*``, ``run_gc_collect`` and ``clear_cache_threshold`` are
@@ -221,6 +224,8 @@ class OfficialPredictor:
             if not isinstance(flag, (bool, np.bool_)):
                 raise RequestError(f"add_prompt: {name} must be True or False, not {shown(flag)}")
 
+        if boxes is not None and getattr(session, "box_prompts", "tracker") == "detector":
+            return self._exemplar_prompt(session, frame, text, points, boxes, box_labels, rel)
         if text is not None:
             if points is not None:
                 raise RequestError("add_prompt: give either text or points, not both (as the official predictor: "
@@ -259,6 +264,24 @@ class OfficialPredictor:
                 result = session.add_prompt(frame_index=frame, boxes=box,
                                             obj_id=None if obj_id is None else int(obj_id),
                                             clear_old_points=bool(clear))
+        return {"frame_index": frame, "outputs": result.to_official()}
+
+    def _exemplar_prompt(self, session, frame, text, points, boxes, box_labels, rel: bool) -> dict:
+        """SAM 3.1: bounding_boxes (with text or without) are detector exemplars for that frame, labels 1
+        positive / 0 negative, and the prompt starts over, as Meta's SAM 3.1 predictor has them."""
+        if points is not None:
+            raise RequestError("add_prompt: points go alone (with obj_id) in SAM 3.1, as in Meta's predictor; "
+                               "bounding_boxes (with or without text) start over with a detector prompt")
+        if text is not None and (not isinstance(text, str) or not text.strip()):
+            raise RequestError(f"add_prompt: text must be the words to find, e.g. 'dog', not {shown(text)}")
+        xyxy = self._boxes(boxes, None, rel, session.source.width, session.source.height)
+        labels = None
+        if box_labels is not None:
+            labels = np.asarray(box_labels).reshape(-1)
+            if labels.shape[0] != len(xyxy) or not np.isin(labels, (0, 1)).all():
+                raise RequestError(f"add_prompt: bounding_box_labels {shown(box_labels)} must give 1 (positive) or 0 "
+                                   f"(negative) for each of the {len(xyxy)} bounding_boxes")
+        result = session.add_prompt(frame_index=frame, text=text, boxes=xyxy, box_labels=labels)
         return {"frame_index": frame, "outputs": result.to_official()}
 
     @staticmethod

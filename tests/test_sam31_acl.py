@@ -54,15 +54,30 @@ def scenario(sam31_reference):
     return doc["text"], options, frames
 
 
-def _track(bundle, text, options, frames, **load):
+def _track(bundle, text, options, frames, boxes=None, **load):
     predictor = sam3track.load(bundle, **options, **load)
     try:
         session = predictor.start_session(frames)
-        first = session.add_prompt(0, text=text)
+        first = session.add_prompt(0, text=text, boxes=boxes)
         results = [first] + list(session.propagate("forward"))
+        if boxes is not None:  # the size the box call ran at
+            _track.box_gear = predictor.backend.plan(predictor.graphs["box_grounding_head"], "boxes", len(boxes))
         return results, predictor.backend.calls.copy(), session.tracker.memory
     finally:
         predictor.close()
+
+
+def _assert_same(want, got):
+    ious, score_diff = [], 0.0
+    for a, b in zip(want, got):
+        assert a.frame_index == b.frame_index
+        assert a.object_ids.tolist() == b.object_ids.tolist(), a.frame_index
+        for m, n in zip(a.masks, b.masks):
+            union = (m | n).sum()
+            ious.append(1.0 if union == 0 else (m & n).sum() / union)
+        if a.object_ids.size:
+            score_diff = max(score_diff, float(np.abs(a.tracker_probs - b.tracker_probs).max()))
+    assert np.mean(ious) >= 0.99 and min(ious) >= 0.95 and score_diff <= 1e-3, (np.mean(ious), min(ious), score_diff)
 
 
 def test_text_tracking_on_acl_matches_onnxruntime(bundles, scenario):
@@ -75,19 +90,26 @@ def test_text_tracking_on_acl_matches_onnxruntime(bundles, scenario):
         assert emu.stats.live_allocations == 0 and not emu.stats.leaks
     assert grown.fixed is None and fixed.fixed == {"memory_rows": 61, "image_rows": 61, "pointer_rows": 97}
     assert len(got) == len(want) == FRAMES + 1
-    ious, score_diff = [], 0.0
-    for a, b in zip(want, got):
-        assert a.frame_index == b.frame_index
-        assert a.object_ids.tolist() == b.object_ids.tolist(), a.frame_index
-        for m, n in zip(a.masks, b.masks):
-            union = (m | n).sum()
-            ious.append(1.0 if union == 0 else (m & n).sum() / union)
-        if a.object_ids.size:
-            score_diff = max(score_diff, float(np.abs(a.tracker_probs - b.tracker_probs).max()))
     assert max(a.object_ids.size for a in want) > 16  # two buckets or more
-    assert np.mean(ious) >= 0.99 and min(ious) >= 0.95 and score_diff <= 1e-3, (np.mean(ious), min(ious), score_diff)
+    _assert_same(want, got)
     # one propagation call per frame (every bucket at one gear), frame 0 reused
     assert calls["propagation_decoder"] == FRAMES - 1
+
+
+def test_a_box_prompt_on_acl_is_padded_to_a_box_gear_and_matches_onnxruntime(bundles, scenario):
+    """Three boxes run at the compiled gear 4 (one padding box, box_valid 0) and detect what the three
+    give on ONNX Runtime without padding."""
+    plain, om = bundles
+    text, options, frames = scenario
+    frames = frames[:4]
+    h, w = frames.shape[1:3]
+    boxes = [[0.1 * w, 0.2 * h, 0.5 * w, 0.9 * h], [0.4 * w, 0.1 * h, 0.9 * w, 0.6 * h], [0, 0, 0.3 * w, 0.3 * h]]
+    want, _, _ = _track(plain, text, options, frames, boxes=boxes)
+    with install() as emu:
+        got, calls, _ = _track(om, text, options, frames, boxes=boxes, backend="acl", device="npu:0")
+        assert emu.stats.live_allocations == 0 and not emu.stats.leaks
+    assert _track.box_gear == 4 and calls["box_grounding_head"] == 1 and want[0].object_ids.size > 0
+    _assert_same(want, got)
 
 
 def test_fixed_pools_evict_what_the_next_frame_cannot_read(bundles, scenario):

@@ -34,7 +34,7 @@ def _compare(want: dict, got: dict, ious: list, diffs: list) -> None:
         diffs.append(float(np.abs(want["out_probs"] - got["out_probs"]).max()))
 
 
-@pytest.mark.parametrize("name", ["text_two_buckets", "forward_backward"])
+@pytest.mark.parametrize("name", ["text_two_buckets", "forward_backward", "boxes_with_text", "boxes_only"])
 def test_meta_requests_through_the_official_api_give_meta_responses(bundle, sam31_reference, name, tmp_path):  # noqa: F811
     from sam3track.compat import OfficialPredictor
 
@@ -87,3 +87,31 @@ def test_track_command_runs_a_sam31_bundle(bundle, tmp_path):  # noqa: F811
     assert out.stat().st_size > 0
     data = json.loads((tmp_path / "masks.json").read_text())
     assert len(data["frames"]) == 3
+
+
+def test_track_command_takes_boxes_as_exemplars_of_the_text_on_a_sam31_bundle(bundle, tmp_path, capsys, monkeypatch):  # noqa: F811
+    """On a SAM 3.1 bundle --box is an exemplar of the --prompt on the start frame (one add_prompt with
+    the text and every box, as Meta's SAM 3.1 detector prompt); a box elsewhere, or a second --prompt
+    (each would start over), is one clear error."""
+    from sam3track.cli import main
+    from sam3track.families.sam31.session import Sam31Session
+
+    from .conftest import CLIPS
+
+    calls = []
+    real = Sam31Session.add_prompt
+
+    def spy(self, *args, **kwargs):
+        calls.append(kwargs)
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(Sam31Session, "add_prompt", spy)
+    common = [str(CLIPS / "bikes.mp4"), "--bundle", str(bundle), "--max-frames", "2", "-o", str(tmp_path / "m.mp4")]
+    assert main(["track", *common, "--prompt", "bike", "--box", "0:10,20,120,90", "--box", "0:30,30,60,70"]) == 0
+    assert calls == [{"frame_index": 0, "text": "bike", "boxes": [[10.0, 20.0, 120.0, 90.0], [30.0, 30.0, 60.0, 70.0]]}]
+    capsys.readouterr()
+    for extra, message in ((["--prompt", "bike", "--box", "1:10,20,120,90"], "exemplar of the text prompt"),
+                           (["--prompt", "bike", "--prompt", "car"], "one --prompt")):
+        assert main(["track", *common, *extra]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("error: ") and message in err, err

@@ -49,7 +49,8 @@ def _load(bundle, doc):
 def replay(bundle, doc, responses, stop_before=None):
     """Meta's requests through sam3track's API: [(response record, FrameResult or None)] in order, and
     the predictor (for its call counts). Clicks: Meta's relative coordinates become video pixels.
-    Stops before the request tagged `stop_before`."""
+    Boxes: Meta's relative [x, y, w, h] become video-pixel [x0, y0, x1, y1]. Stops before the request
+    tagged `stop_before`."""
     pred = _load(bundle, doc)
     frames = _frames(doc)
     height, width = frames.shape[1:3]
@@ -66,7 +67,11 @@ def replay(bundle, doc, responses, stop_before=None):
         q = group[0]["request"]
         if group[0]["tag"] == stop_before:
             break
-        if q["type"] == "add_prompt" and "text" not in q:
+        if q["type"] == "add_prompt" and "bounding_boxes" in q:
+            boxes = [[x * width, y * height, (x + w) * width, (y + h) * height] for x, y, w, h in q["bounding_boxes"]]
+            out.append((group[0], session.add_prompt(q["frame_index"], text=q.get("text"), boxes=boxes,
+                                                     box_labels=q.get("bounding_box_labels"))))
+        elif q["type"] == "add_prompt" and "points" in q:
             points = [[x * width, y * height] for x, y in q["points"]]
             out.append((group[0], session.add_prompt(q["frame_index"], points=points, labels=q["point_labels"],
                                                      obj_id=q.get("obj_id"),
@@ -166,6 +171,48 @@ def test_text_scenario_matches_meta(bundle, sam31_reference, name):
     print(name, stats)
     assert_parity(stats)
     assert_same_states(replay.session, doc)
+
+
+@pytest.mark.parametrize("name", ("boxes_with_text", "boxes_only"))
+def test_box_prompt_matches_meta(bundle, sam31_reference, name):
+    """Boxes are detector exemplars on their frame (with the text, or with Meta's "<text placeholder>"
+    without one): box_grounding_head runs there once, and propagation, which runs that frame again,
+    detects with the text alone (grounding_head), as Meta's batched grounding does."""
+    doc, responses = ref.load_scenario(sam31_reference.scenarios, name)
+    pairs, pred = replay(bundle, doc, responses)
+    assert len(pairs) == len(responses)
+    stats = parity(pairs)
+    print(name, stats)
+    assert_parity(stats)
+    assert_same_states(replay.session, doc)
+    calls = pred.backend.calls
+    assert calls["box_grounding_head"] == 1
+    assert calls["grounding_head"] == len(responses) - 1  # every propagated frame, the prompt frame again too
+    assert pairs[0][1].object_ids.size, "the box prompt found no object"
+
+
+def test_boxes_change_what_the_detector_finds(bundle, sam31_reference):
+    """The box tokens reach the detection: the same text with and without boxes scores the prompt
+    frame's detections differently (else a graph ignoring its boxes would pass the parity test)."""
+    doc, _ = ref.load_scenario(sam31_reference.scenarios, "boxes_with_text")
+    pred = _load(bundle, doc)
+    session = pred.start_session(_frames(doc)[:3])
+    frame = doc["prompt_frame"]
+    h, w = session.source.height, session.source.width
+    t = session.tracker
+    scores = {}
+    real_detect = t.detect
+
+    def detect(features, boxes=None):
+        det = real_detect(features, boxes)
+        scores[boxes is not None] = det
+        return det
+
+    t.detect = detect
+    session.add_prompt(frame, text=doc["text"])
+    session.add_prompt(frame, text=doc["text"], boxes=[[0.25 * w, 0.2 * h, 0.75 * w, 0.95 * h]])
+    plain, boxed = scores[False], scores[True]
+    assert np.abs(plain.scores - boxed.scores).max() > 1e-3
 
 
 def test_remove_object_then_fetch_then_click_matches_meta(bundle, sam31_reference):
@@ -586,8 +633,19 @@ def test_bad_input_gets_one_clear_error(bundle, sam31_reference):
         session.add_prompt(5, text="bike")
     with pytest.raises(PromptError, match="text="):
         session.add_prompt(0, text="  ")
-    with pytest.raises(PromptError, match="boxes are not supported"):
-        session.add_prompt(0, boxes=[1, 2, 10, 12])
+    h, w = session.source.height, session.source.width
+    with pytest.raises(PromptError, match="outside"):
+        session.add_prompt(0, boxes=[[1, 2, w + 5, 12]])
+    with pytest.raises(PromptError, match="x1 < x0"):
+        session.add_prompt(0, boxes=[[1, 2, 10, 12], [20, 2, 10, 12]])
+    with pytest.raises(PromptError, match="box_labels"):
+        session.add_prompt(0, boxes=[[1, 2, 10, 12]], box_labels=[2])
+    with pytest.raises(PromptError, match="box_labels"):
+        session.add_prompt(0, text="bike", box_labels=[1])
+    with pytest.raises(PromptError, match="points= alone"):
+        session.add_prompt(0, boxes=[[1, 2, 10, 12]], points=[[3, 4]], labels=[1], obj_id=0)
+    with pytest.raises(PromptError, match="finite"):
+        session.add_prompt(0, boxes=[[1, 2, float("nan"), 12]])
     with pytest.raises(PromptError, match="outside"):
         session.add_prompt(0, points=[[1000, 2]], labels=[1])
     with pytest.raises(ObjectIdError, match="not tracked"):

@@ -131,7 +131,8 @@ def cmd_info(args: argparse.Namespace) -> int:
     source = manifest.get("source") or {}
     lines = [f"bundle          {bundle.resolve()}"]
     family = manifest.get("family", "sam3")
-    lines.append(f"family          {family}" + (" (not runnable yet: no SAM 3.1 runtime)" if family == "sam3.1" else ""))
+    lines.append(f"family          {family}" + (" (Meta's multiplex tracker: buckets of 16 objects)"
+                                                   if family == "sam3.1" else ""))
     lines.append(
         f"format version  {manifest.get('format_version', '?')}"
         + (f" (created {manifest['created']})" if manifest.get("created") else "")

@@ -200,9 +200,12 @@ def _track(
             ) from e
         try:
             with predictor.start_session(reader) as session:  # the session does not close it
-                for text in prompts:
-                    session.add_prompt(frame_index=start_frame, text=text)
-                _add_geometric(session, calls, bool(prompts))
+                if getattr(session, "box_prompts", "tracker") == "detector":
+                    _add_sam31_prompts(session, prompts, geometric, calls, start_frame)
+                else:
+                    for text in prompts:
+                        session.add_prompt(frame_index=start_frame, text=text)
+                    _add_geometric(session, calls, bool(prompts))
                 return _propagate(
                     guard, session, reader, video, prompts, geometric, start_frame, stop, max_frames,
                     video_out, json_out, masks_out, bundle_dir, keep_timestamps, out, err, report,
@@ -212,6 +215,33 @@ def _track(
                 predictor.close()
     finally:
         reader.close()
+
+
+def _add_sam31_prompts(session: Any, prompts: list[str], geometric: list, calls: list, start: int) -> None:
+    """A SAM 3.1 bundle: one detector prompt (Meta's add_prompt starts over on each), the text with every
+    --box as its exemplars (labels 1), on the start frame; then the --point calls, which add or refine
+    objects by clicks."""
+    if len(prompts) > 1:
+        raise CliError(f"a SAM 3.1 bundle takes one --prompt (each text prompt starts over in Meta's SAM 3.1); "
+                       f"got {len(prompts)}: {', '.join(map(repr, prompts))}")
+    boxes = [g for g in geometric if g.option == "--box"]
+    for g in boxes:
+        if g.obj_id is not None or g.frame != start:
+            raise CliError(f"{g}: on a SAM 3.1 bundle a box is an exemplar of the text prompt on the start frame "
+                           f"{start} (Meta's SAM 3.1 detector prompt), not an object: give it as --box {start}:... "
+                           "without --obj-id")
+    if prompts or boxes:
+        try:
+            session.add_prompt(frame_index=start, text=prompts[0] if prompts else None,
+                               boxes=[list(g.coords) for g in boxes] or None)
+        except Sam3TrackError as e:
+            raise CliError(f"{', '.join(map(str, boxes)) or '--prompt'}: {e}") from e
+    for call in calls:
+        if call.box is None:
+            try:
+                session.add_prompt(**call.kwargs())
+            except Sam3TrackError as e:
+                raise CliError(f"{', '.join(map(str, call.options))}: {e}") from e
 
 
 def _add_geometric(session: Any, calls: list, have_text: bool) -> None:

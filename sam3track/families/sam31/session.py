@@ -12,11 +12,13 @@ Where this follows Meta's SAM 3.1 predictor rather than sam3track's SAM 3 sessio
 - "backward" starts one frame before start_frame, and "both" runs forward then backward;
 - a propagate() right after a full propagation from the first or last frame, or after only
   remove_object calls, re-plays the cached results (Meta's "propagation_fetch");
-- objects removed by the hotstart rule are not hidden on the frames held back before their removal.
+- objects removed by the hotstart rule are not hidden on the frames held back before their removal;
+- boxes are detector exemplars, not objects (SAM 3's tracker boxes): a boxes add_prompt starts over like
+  a text one, and only that frame's detection sees the boxes (Meta's per_frame_geometric_prompt is read by
+  its single-frame grounding alone; propagation, re-running the frame, detects with the text only).
 
-Not implemented yet (each is a clear error or documented skip, never a silent divergence in the
-recorded scenarios): boxes (PromptError), a second refinement of an object on a frame it was refined
-on and tracked through since (PromptError).
+Not implemented yet (a clear error, never a silent divergence in the recorded scenarios): a second
+refinement of an object on a frame it was refined on and tracked through since (PromptError).
 
 A live stream (start_session(None), add_prompt(text=...), then track(frame) per frame) has no Meta
 counterpart: it gives what a video session gives on the same frames with hotstart_delay 0.
@@ -31,9 +33,11 @@ from ...errors import (ArgumentError, FrameIndexError, ObjectIdError, PromptErro
 from ...postprocess import masks_to_boxes
 from ...results import FrameResult
 from .resize import bilinear
-from .tracker import FrameOut, Sam31Tracker
+from .tracker import BoxPrompt, FrameOut, Sam31Tracker
 
 DIRECTIONS = ("forward", "backward", "both")
+# What Meta's SAM 3.1 encodes as the text of a boxes-only add_prompt (reset_state's find_text_batch[0])
+BOXES_ONLY_TEXT = "<text placeholder>"
 
 
 def _is_int(value) -> bool:
@@ -72,6 +76,8 @@ STREAM_FRAMES = 2 ** 31 - 1
 
 
 class Sam31Session:
+    box_prompts = "detector"  # boxes are detector exemplars (Meta's SAM 3.1), not tracker objects (compat.py)
+
     def __init__(self, predictor, source=None, owns_source: bool = False):
         self.predictor, self.config, self.backend = predictor, predictor.config, predictor.backend
         self.source, self._owns_source = source, owns_source
@@ -170,27 +176,78 @@ class Sam31Session:
 
     # -------------------------------------------------------------------------------- prompts
     def add_prompt(self, frame_index: int = 0, text: str | None = None, points=None, labels=None, boxes=None,
-                   obj_id=None, clear_old_points: bool = True) -> FrameResult:
-        """A text prompt: the session starts over (Meta's add_prompt resets it), finds the text on
-        `frame_index` and returns that frame's result. With points= (and obj_id) it adds or refines one object (boxes are not supported yet)."""
+                   box_labels=None, obj_id=None, clear_old_points: bool = True) -> FrameResult:
+        """A text and/or boxes prompt: the session starts over (Meta's add_prompt resets it), finds the
+        text on `frame_index` and returns that frame's result. boxes: [[x0, y0, x1, y1], ...] in video
+        pixels with box_labels (1 positive, the default, 0 negative): exemplars for the detector on that
+        frame only, as in Meta's SAM 3.1 (without text, Meta's "<text placeholder>" text goes with them).
+        With points= (and obj_id) it adds or refines one object instead."""
         self._check_open()
         self._check_idle("add_prompt() was called")
         if self.source is None:
             return self._stream_prompt(text, points, labels, boxes)
         self._check_frame(frame_index)
-        if points is not None or boxes is not None or labels is not None:
-            if text is not None:
-                raise PromptError("give either text= or points= in one add_prompt call, not both")
-            return self._add_clicks(int(frame_index), points, labels, boxes, obj_id, clear_old_points)
+        frame = int(frame_index)
+        if points is not None or labels is not None:
+            if text is not None or boxes is not None:
+                raise PromptError("give points= alone in one add_prompt call (Meta's SAM 3.1 takes clicks without "
+                                  "text or boxes); text= and boxes= start over with a new detector prompt")
+            return self._add_clicks(frame, points, labels, obj_id, clear_old_points)
+        if obj_id is not None:
+            raise PromptError(f"add_prompt on frame {frame}: obj_id {shown(obj_id)} goes with points=; a text or "
+                              "boxes prompt finds its own objects")
+        box_prompt = None
+        if boxes is not None:
+            box_prompt = self._box_prompt(frame, boxes, box_labels)
+        elif box_labels is not None:
+            raise PromptError(f"add_prompt on frame {frame}: box_labels {shown(box_labels)} without boxes=")
+        if text is None and box_prompt is not None:
+            text = BOXES_ONLY_TEXT
         if not isinstance(text, str) or not text.strip():
-            raise PromptError(f"add_prompt needs text= (a noun phrase such as 'bike'), not {shown(text)}")
+            raise PromptError(f"add_prompt needs text= (a noun phrase such as 'bike') or boxes=, not {shown(text)}")
         ids, _ = self.predictor.tokenizer(text.strip())
         self._forget()
         self.tracker.set_text(ids)
         self._text = text.strip()
-        out = self._run(int(frame_index), reverse=False, round_levels=True)
-        self.prompted_frames.add(int(frame_index))
+        out = self._run(frame, reverse=False, round_levels=True, boxes=box_prompt)
+        self.prompted_frames.add(frame)
         return self._postprocess(out.frame, out.masks, scores=out.scores)
+
+    def _box_prompt(self, frame: int, boxes, box_labels) -> BoxPrompt:
+        """Boxes in video pixels -> Meta's normalised cxcywh (xywh first, as its request carries them)."""
+        where = f"add_prompt on frame {frame}"
+        if "box_grounding_head" not in self.predictor.graphs:
+            raise PromptError(f"{where}: this bundle has no box_grounding_head graph (it was exported before box "
+                              "prompts were supported); export it again with python -m graphs.export --family sam3.1")
+        try:
+            xyxy = np.asarray(boxes, np.float64)
+        except (TypeError, ValueError):
+            xyxy = None
+        if xyxy is None or xyxy.ndim not in (1, 2) or xyxy.shape[-1] != 4 or xyxy.size == 0:
+            raise PromptError(f"{where}: boxes must be [[x0, y0, x1, y1], ...] in video pixels, not {shown(boxes)}")
+        xyxy = xyxy.reshape(-1, 4)
+        h, w = self.source.height, self.source.width
+        if not np.isfinite(xyxy).all():
+            raise PromptError(f"{where}: boxes {shown(boxes)} are not all finite numbers")
+        bad = np.flatnonzero((xyxy[:, 2] < xyxy[:, 0]) | (xyxy[:, 3] < xyxy[:, 1]))
+        if bad.size:
+            raise PromptError(f"{where}: box {xyxy[bad[0]].tolist()} has x1 < x0 or y1 < y0; give [x0, y0, x1, y1]")
+        out = np.flatnonzero((xyxy < 0).any(1) | (xyxy[:, [0, 2]] > w).any(1) | (xyxy[:, [1, 3]] > h).any(1))
+        if out.size:
+            raise PromptError(f"{where}: box {xyxy[out[0]].tolist()} reaches outside the {w}x{h} frame")
+        if box_labels is None:
+            labels = np.ones(len(xyxy), np.int32)
+        else:
+            flat = np.asarray(box_labels).reshape(-1)
+            if flat.shape[0] != len(xyxy) or not np.isin(flat, (0, 1)).all():
+                raise PromptError(f"{where}: box_labels {shown(box_labels)} must give 1 (positive) or 0 (negative) "
+                                  f"for each of the {len(xyxy)} boxes")
+            labels = flat.astype(np.int32)
+        scale = np.asarray([w, h, w, h], np.float64)
+        xywh = (np.concatenate([xyxy[:, :2], xyxy[:, 2:] - xyxy[:, :2]], 1) / scale).astype(np.float32)
+        half = np.float32(0.5)
+        cxcywh = np.concatenate([xywh[:, :2] + half * xywh[:, 2:], xywh[:, 2:]], 1).astype(np.float32)
+        return BoxPrompt(np.clip(cxcywh, np.float32(0), np.float32(1)), labels)
 
     # ----------------------------------------------------------------------------- live stream
     def _stream_prompt(self, text, points, labels, boxes) -> None:
@@ -245,15 +302,13 @@ class Sam31Session:
         self.stream_index += 1
         return result
 
-    def _add_clicks(self, frame: int, points, labels, boxes, obj_id, clear_old_points) -> FrameResult:
+    def _add_clicks(self, frame: int, points, labels, obj_id, clear_old_points) -> FrameResult:
         """Clicks (Meta's add_sam2_new_points): a new obj_id adds an object in a singleton tracker state
         of its own; a tracked one is refined (extracted from its bucket the first time, see
         Sam31Tracker.refine_object). The result is the frame's cached result with the new mask."""
         from ...interactive import parse_clicks
 
         where = f"add_prompt on frame {frame}"
-        if boxes is not None:
-            raise PromptError(f"{where}: boxes are not supported for SAM 3.1 bundles yet; give points=")
         h, w = self.source.height, self.source.width
         click = parse_clicks(points, labels, None, h, w, where)
         t = self.tracker
@@ -288,9 +343,9 @@ class Sam31Session:
         self.cached[frame] = merged
         return self._postprocess(frame, merged, self.suppressed.get(frame, ()))
 
-    def _run(self, frame: int, reverse: bool, round_levels: bool) -> FrameOut:
+    def _run(self, frame: int, reverse: bool, round_levels: bool, boxes: BoxPrompt | None = None) -> FrameOut:
         px = pixel_values(self.source.read(frame), self.config)
-        out = self.tracker.step(frame, reverse, self.num_frames, px, round_levels)
+        out = self.tracker.step(frame, reverse, self.num_frames, px, round_levels, boxes)
         self.cached[frame] = dict(out.masks)
         return out
 

@@ -9,11 +9,12 @@ memories first, then installs the metadata and scores, then runs births and remo
 calls in Meta's order, the same results. Births and reconditioning (Meta's add_new_masks) live in
 mask_inputs.py, clicks in clicks.py.
 
-Graph calls per frame: one backbone, one grounding_head, at most one propagation_decoder (every bucket
-of every tracker state in one batched call), one memory_encoder for the frame's memories (all buckets
-at once); frames with births add one interactive_neck, one mask_init and one memory_encoder per state
-that receives objects; reconditioning (every 16th frame, where Meta's rule fires) one mask_init per
-state it touches, sharing the frame's interactive_neck with the births.
+Graph calls per frame: one backbone, one grounding_head (box_grounding_head instead, on the frame of a
+boxes add_prompt), at most one propagation_decoder (every bucket of every tracker state in one batched
+call), one memory_encoder for the frame's memories (all buckets at once); frames with births add one
+interactive_neck, one mask_init and one memory_encoder per state that receives objects; reconditioning
+(every 16th frame, where Meta's rule fires) one mask_init per state it touches, sharing the frame's
+interactive_neck with the births.
 """
 
 from __future__ import annotations
@@ -51,6 +52,14 @@ class Grounded:
 
     features: dict  # the backbone's device tensors of the frame
     det: H.Detections
+
+
+@dataclass(frozen=True)
+class BoxPrompt:
+    """The boxes of a boxes add_prompt, as Meta's detector reads them (_get_visual_prompt)."""
+
+    cxcywh: np.ndarray  # float32 [K, 4], normalised to the frame
+    labels: np.ndarray  # int32 [K]: 1 positive, 0 negative
 
 
 @dataclass
@@ -144,13 +153,25 @@ class Sam31Tracker(MaskInputs, ClickPrompts):
         out = b.run(self.graphs["text_encoder"], {"input_ids": input_ids})
         self.text = (b.to_host(out["text_features"]), b.to_host(out["text_mask"]).astype(np.int32))
 
-    def detect(self, features: dict) -> H.Detections:
+    def detect(self, features: dict, boxes: "BoxPrompt | None" = None) -> H.Detections:
+        """The detector on one frame: the text prompt, and `boxes` as well on the frame of a boxes
+        add_prompt (Meta's per_frame_geometric_prompt, which only its single-frame grounding reads)."""
         if self.text is None:
             raise PromptError("no text prompt in this session; call session.add_prompt(frame_index, text=...) first")
         b = self.backend
-        out = b.run(self.graphs["grounding_head"], {
-            "detector_fpn0": features["detector_fpn0"], "detector_fpn1": features["detector_fpn1"],
-            "detector_fpn2": features["detector_fpn2"], "text_features": self.text[0], "text_mask": self.text[1]})
+        feeds = {"detector_fpn0": features["detector_fpn0"], "detector_fpn1": features["detector_fpn1"],
+                 "detector_fpn2": features["detector_fpn2"], "text_features": self.text[0], "text_mask": self.text[1]}
+        if boxes is None:
+            out = b.run(self.graphs["grounding_head"], feeds)
+        else:
+            graph = self.graphs["box_grounding_head"]
+            k = len(boxes.labels)
+            size = fixed_size(b, graph, "boxes", k, "this box prompt", "convert the bundle with larger --gears boxes=...")
+            pad = size - k  # padding boxes: box_valid 0, so no token attends to them
+            out = b.run(graph, {**feeds,
+                                "boxes": np.concatenate([boxes.cxcywh, np.full((pad, 4), 0.5, np.float32)])[None],
+                                "box_labels": np.concatenate([boxes.labels, np.ones(pad, np.int32)])[None],
+                                "box_valid": np.concatenate([np.ones(k, np.int32), np.zeros(pad, np.int32)])[None]})
         return H.filter_detections(b.to_host(out["pred_logits"])[0], b.to_host(out["pred_boxes"])[0],
                                    b.to_host(out["pred_masks"])[0], self.config)
 
@@ -355,9 +376,9 @@ class Sam31Tracker(MaskInputs, ClickPrompts):
 
     # ----------------------------------------------------------------------------------- a frame
     def step(self, frame: int, reverse: bool, num_frames: int, pixel_values: np.ndarray,
-             round_levels: bool) -> FrameOut:
+             round_levels: bool, boxes: "BoxPrompt | None" = None) -> FrameOut:
         """One frame through the shared phases (phases.run_frame), as SAM 3's FrameLoop.step."""
-        return run_frame(Sam31Frame(self, frame, reverse, num_frames, pixel_values, round_levels))
+        return run_frame(Sam31Frame(self, frame, reverse, num_frames, pixel_values, round_levels, boxes))
 
     def plan(self, frame: int, reverse: bool, det: H.Detections, tracked: Tracked) -> FramePlan:
         """Meta's run_tracker_update_planning_phase, decided without changing the tracker: IoM
@@ -481,10 +502,11 @@ class Sam31Frame(FramePhases[Grounded, Tracked, FramePlan, FrameOut]):
     num_frames: int
     pixel_values: np.ndarray
     round_levels: bool
+    boxes: "BoxPrompt | None" = None
 
     def ground(self) -> Grounded:
         features = self.tracker.encode(self.pixel_values, self.round_levels)
-        return Grounded(features, self.tracker.detect(features))
+        return Grounded(features, self.tracker.detect(features, self.boxes))
 
     def propagate(self, grounded: Grounded) -> Tracked:
         t = self.tracker
