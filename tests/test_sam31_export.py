@@ -367,3 +367,26 @@ def test_the_runtime_loads_a_sam31_bundle(bundle):
 
     with sam3track.load(bundle) as pred:
         assert isinstance(pred.config, Sam31Config) and pred.bundle.family.name == "sam3.1"
+
+
+def test_box_grounding_head_runs_on_openvino(bundle, sam31_reference):
+    """The box prompt's RoiAlign (opset 16, output_half_pixel, adaptive sampling) in OpenVINO's CPU plugin
+    gives Meta's outputs too (graphs.check holds ONNX Runtime to them)."""
+    import numpy as np
+    import openvino as ov
+
+    z = np.load(sam31_reference.modules() / "box_grounding_T2_K3.npz")
+    prompt = z["sub/transformer.encoder/in/kwargs.prompt"]
+    pad = z["sub/transformer.encoder/in/kwargs.prompt_key_padding_mask"]
+    feeds = {f"detector_fpn{i}": z[f"sub/segmentation_head/in/kwargs.backbone_feats.{i}.tensors"] for i in range(3)}
+    feeds.update(text_features=np.ascontiguousarray(prompt[:32].transpose(1, 0, 2)),
+                 text_mask=(~pad[:, :32]).astype(np.int32),
+                 boxes=np.ascontiguousarray(z["in/boxes"].transpose(1, 0, 2)),
+                 box_labels=np.ascontiguousarray(z["in/box_labels"].T.astype(np.int32)),
+                 box_valid=(~z["in/box_mask"]).astype(np.int32))
+    model = ov.Core().compile_model(str(bundle / "box_grounding_head.onnx"), "CPU")
+    out = {o.get_any_name(): v for o, v in model(feeds).items()}
+    ref = {"pred_logits": z["out.pred_logits"][..., 0], "presence_logits": z["out.presence_logit_dec"],
+           "pred_boxes": z["out.pred_boxes_xyxy"], "pred_masks": z["out.pred_masks"]}
+    for name, want in ref.items():
+        assert np.abs(out[name] - want).max() <= 1e-4 * np.abs(want).max(), name

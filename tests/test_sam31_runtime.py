@@ -286,8 +286,9 @@ def test_clicks_refining_an_object_min_iou(clicks_replay):
 
 def test_refining_again_after_tracking_through_the_refined_frame_is_one_clear_error(bundle, sam31_reference):
     """Meta refines an object a second time on a frame it was refined on and tracked through since from
-    its previous mask on memory-conditioned features (no graph here): one PromptError naming the frame
-    and the object, and the session keeps working (nothing half-applied)."""
+    its previous mask, kept as a non-conditioning output merged back into its state (not reproduced
+    here): one PromptError naming the frame and the object, and the session keeps working (nothing
+    half-applied)."""
     from sam3track.errors import PromptError
 
     doc, _ = ref.load_scenario(sam31_reference.scenarios, "clicks")

@@ -55,9 +55,9 @@ class ClickPrompts:
         if frame in state.tracked:
             if frame in refined:
                 raise PromptError(f"{where}: object {obj_id} was refined on this frame and tracked through it "
-                                  "since; Meta refines it again from its previous mask on memory-conditioned "
-                                  "features, which SAM 3.1 bundles do not support yet. Call reset() and prompt "
-                                  "again, or click on another frame")
+                                  "since; Meta then refines it from its previous mask (the frame becomes a "
+                                  "non-conditioning output merged back into its state), which SAM 3.1 sessions "
+                                  "do not reproduce yet. Call reset() and prompt again, or click on another frame")
             refined.add(frame)
             del state.tracked[frame]  # the frame is a conditioning frame again (Meta's merge forgets it)
         old = state.points.get((obj_id, frame))
