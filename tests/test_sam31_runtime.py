@@ -284,30 +284,37 @@ def test_clicks_refining_an_object_min_iou(clicks_replay):
     assert stats["iou_min"] >= IOU_MIN, stats
 
 
-def test_refining_again_after_tracking_through_the_refined_frame_is_one_clear_error(bundle, sam31_reference):
-    """Meta refines an object a second time on a frame it was refined on and tracked through since from
-    its previous mask, kept as a non-conditioning output merged back into its state (not reproduced
-    here): one PromptError naming the frame and the object, and the session keeps working (nothing
-    half-applied)."""
+def test_refining_again_is_one_clear_error_where_metas_predictor_fails(bundle, sam31_reference):
+    """refine_again: two refinements of an object on frame 4, tracked forward after each, match Meta. A
+    third there (the frame refined and tracked through since) makes Meta's predictor, as its builder
+    makes it, fail with an AssertionError (its multiplex tracker asserts iter_use_prev_mask_pred, which
+    nothing sets); the scenario records that failure. Here it is one PromptError naming the frame and
+    the object, and the session keeps working (nothing half-applied)."""
     from sam3track.errors import PromptError
 
-    doc, _ = ref.load_scenario(sam31_reference.scenarios, "clicks")
-    pred = _load(bundle, doc)
-    frames = _frames(doc)
-    h, w = frames.shape[1:3]
-    session = pred.start_session(frames)
-    session.add_prompt(0, text=doc["text"])
-    list(session.propagate("forward", max_frames=5))
-    click = dict(points=[[0.55 * w, 0.5 * h]], labels=[1], obj_id=0)
-    session.add_prompt(4, **click)  # extracted from its bucket (gap fill: frame 4 not tracked in its new state)
-    list(session.propagate("forward", start_frame=4))  # tracks frame 4 in the new state
-    session.add_prompt(4, **click, clear_old_points=False)  # the interaction-only first refinement
-    list(session.propagate("forward", start_frame=4))
-    with pytest.raises(PromptError, match=r"frame 4.*object 0"):
-        session.add_prompt(4, **click, clear_old_points=False)
-    assert 0 in session.object_ids
-    result = session.add_prompt(2, **click)  # another frame is still fine
-    assert result.frame_index == 2 and 0 in session.object_ids
+    doc, responses = ref.load_scenario(sam31_reference.scenarios, "refine_again")
+    ctx = doc["context"]
+    err = ctx["refine_3_error"]
+    assert err is not None and err["type"] == "AssertionError" and "iter_use_prev_mask_pred" in err["code"], err
+    assert ctx["iter_use_prev_mask_pred"] is False
+    pairs, _ = replay(bundle, doc, responses)
+    assert len(pairs) == len(responses)
+    stats = parity(pairs)
+    print(stats)
+    assert_parity(stats)
+    # as in the clicks scenario: Meta's source bucket keeps stale per-frame object maps after the extraction
+    assert_same_states(replay.session, doc, after_removal=True)
+    session = replay.session
+    h, w = session.source.height, session.source.width
+    q = ctx["refine_3_request"]
+    obj = q["obj_id"]
+    points = [[x * w, y * h] for x, y in q["points"]]
+    with pytest.raises(PromptError, match=rf"frame 4.*object {obj}.*iter_use_prev_mask_pred"):
+        session.add_prompt(4, points=points, labels=q["point_labels"], obj_id=obj, clear_old_points=False)
+    assert obj in session.object_ids
+    result = session.add_prompt(2, points=points, labels=q["point_labels"], obj_id=obj)  # another frame is fine
+    assert result.frame_index == 2 and obj in session.object_ids
+    assert len(list(session.propagate("forward", start_frame=2))) == session.num_frames - 2
 
 
 def test_a_live_stream_gives_what_the_video_session_gives(bundle, sam31_reference):

@@ -8,6 +8,10 @@ ONNX Runtime, OpenVINO and ATC implement; in torch (the graphs.check reference r
 it is torchvision's CPU kernel restated with tensors: per box, bins of size max(extent, 1) / out,
 ceil(extent / out) samples per bin and axis, bilinear samples clamped as the kernel clamps them, the
 mean over a bin's samples. graphs.check compares the exported graph with Meta's (torchvision) outputs.
+
+Ascend: CANN's ops-cv repository has an ONNX RoiAlign parser (objdetect/roi_align/framework/
+roi_align_onnx_plugin.cpp) reading output_height / output_width / sampling_ratio / spatial_scale; whether
+it honours coordinate_transformation_mode "output_half_pixel" is unconfirmed (no CANN here to try).
 """
 
 from __future__ import annotations

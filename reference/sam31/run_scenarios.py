@@ -91,6 +91,38 @@ def s_clicks(d: driver.Driver, ctx: dict) -> None:
     d.stream("after_click_refine_more", propagation_direction="backward", start_frame_index=4)
 
 
+def s_refine_again(d: driver.Driver, ctx: dict) -> None:
+    """Refining one object on frame 4 again and again, tracking forward from 4 after each: the first
+    click extracts it (frame 4 not yet tracked in its new state), the second is Meta's interaction-only
+    first refinement, the third its refinement from the previous mask (frame 4 refined and tracked
+    through). Meta's predictor as its builder makes it fails there (the multiplex tracker asserts
+    iter_use_prev_mask_pred, which nothing sets): the failure is recorded in the context (type, the
+    failing frame of Meta's source), and the scenario ends, since the session is left half-changed."""
+    import traceback
+
+    d.request("text", type="add_prompt", frame_index=0, text=ctx["text"])
+    d.stream("forward", propagation_direction="forward", start_frame_index=0)
+    ids = sorted({i for r in d.records for i in r.get("obj_ids", [])})
+    obj = ids[0] if ids else 0
+    ctx["refined_obj_id"] = obj
+    clicks = ([[0.55, 0.50], [0.15, 0.20]], [1, 0]), ([[0.60, 0.55]], [1])
+    for i, (points, labels) in enumerate(clicks):
+        d.request(f"refine_{i + 1}", type="add_prompt", frame_index=4, points=points, point_labels=labels,
+                  obj_id=obj, clear_old_points=i == 0)
+        d.stream(f"after_refine_{i + 1}", propagation_direction="forward", start_frame_index=4)
+    third = dict(type="add_prompt", frame_index=4, points=[[0.40, 0.45]], point_labels=[1], obj_id=obj,
+                 clear_old_points=False)
+    ctx["refine_3_request"] = third
+    ctx["iter_use_prev_mask_pred"] = bool(getattr(d.pred.model.tracker.model, "iter_use_prev_mask_pred", None))
+    try:
+        d.request("refine_3", **third)
+        ctx["refine_3_error"] = None
+    except Exception as e:  # noqa: BLE001  (recorded: what Meta's predictor does with this request)
+        last = traceback.extract_tb(e.__traceback__)[-1]
+        ctx["refine_3_error"] = {"type": type(e).__name__, "message": str(e), "file": Path(last.filename).name,
+                                 "function": last.name, "line": last.lineno, "code": last.line}
+
+
 def s_remove(d: driver.Driver, ctx: dict) -> None:
     d.request("text", type="add_prompt", frame_index=0, text=ctx["text"])
     d.stream("forward", propagation_direction="forward", start_frame_index=0)
@@ -151,6 +183,10 @@ SCENARIOS = [
              "forward; a click (+/-) refines object 0 on frame 4, forward; one more click "
              "(clear_old_points=False), backward", "carphone_pristine.mp4", 8, "person", 0, 3, s_clicks,
              overrides=NO_CONFIRM),
+    Scenario("refine_again", "3 objects from text on frame 0, forward; object 0 refined twice on frame 4 "
+             "(clear_old_points=False the second time), forward from 4 after each; a third refinement there "
+             "(frame 4 refined and tracked through), which Meta's predictor fails: its error is recorded",
+             "carphone_pristine.mp4", 8, "person", 0, 3, s_refine_again, overrides=NO_CONFIRM),
     Scenario("remove_object", "4 objects from text on frame 0, forward; remove_object on frame 4; "
              "propagate again; a click, propagate", "bikes.mp4", 8, "bike", 0, 4, s_remove,
              overrides=NO_CONFIRM),

@@ -54,10 +54,12 @@ class ClickPrompts:
         refined = state.refined.setdefault(obj_id, set())
         if frame in state.tracked:
             if frame in refined:
+                # Meta would decode the clicks with the previous mask as mask prompt, but its predictor as
+                # built fails here (reference scenario refine_again): nothing to be in parity with
                 raise PromptError(f"{where}: object {obj_id} was refined on this frame and tracked through it "
-                                  "since; Meta then refines it from its previous mask (the frame becomes a "
-                                  "non-conditioning output merged back into its state), which SAM 3.1 sessions "
-                                  "do not reproduce yet. Call reset() and prompt again, or click on another frame")
+                                  "since; Meta's SAM 3.1 predictor cannot refine it there again (its tracker "
+                                  "asserts iter_use_prev_mask_pred, which its builder leaves False). Click on "
+                                  "another frame, or call reset() and prompt again")
             refined.add(frame)
             del state.tracked[frame]  # the frame is a conditioning frame again (Meta's merge forgets it)
         old = state.points.get((obj_id, frame))

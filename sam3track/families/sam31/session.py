@@ -17,8 +17,9 @@ Where this follows Meta's SAM 3.1 predictor rather than sam3track's SAM 3 sessio
   a text one, and only that frame's detection sees the boxes (Meta's per_frame_geometric_prompt is read by
   its single-frame grounding alone; propagation, re-running the frame, detects with the text only).
 
-Not implemented yet (a clear error, never a silent divergence in the recorded scenarios): a second
-refinement of an object on a frame it was refined on and tracked through since (PromptError).
+A second refinement of an object on a frame it was refined on and tracked through since is a
+PromptError: Meta's predictor fails on that request (an AssertionError in its tracker, recorded by the
+reference scenario refine_again), so there is nothing to be in parity with.
 
 A live stream (start_session(None), add_prompt(text=...), then track(frame) per frame) has no Meta
 counterpart: it gives what a video session gives on the same frames with hotstart_delay 0.
