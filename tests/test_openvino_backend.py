@@ -23,7 +23,7 @@ from sam3track.backends import openvino as ov_backend
 from sam3track.errors import BackendError, BundleError, Sam3TrackError
 from sam3track.video import open_video
 
-from .conftest import CLIPS, REPO
+from .conftest import CLIPS, CPU_ISA, REPO, rounding_xfail
 
 F32 = TensorProto.FLOAT
 HAS_BF16 = "BF16" in ov_backend.cpu_capabilities()
@@ -404,8 +404,29 @@ def test_quantised_and_fp16_graphs_load_or_fail_naming_the_graph(tmp_path, tiny_
     finally:
         b.close()
     print(loaded)
-    assert isinstance(loaded["dynamic"], float) and loaded["dynamic"] < 1e-3  # ORT's own int8 arithmetic
-    assert isinstance(loaded["fp16"], float) and loaded["fp16"] < 1e-2
+    assert isinstance(loaded["dynamic"], float) and isinstance(loaded["fp16"], float)
+    assert loaded["fp16"] < 1e-2
+
+
+@rounding_xfail("OpenVINO's dynamic int8 (DynamicQuantizeLinear + MatMulInteger / ConvInteger) on an AVX2 CPU "
+                "gives 1.7e-2 of the largest value from ONNX Runtime's (AMD EPYC, no VNNI: other int8 kernels); "
+                "on the AVX-512 CPUs measured first it was within 1e-3", diverges_on=("avx2",))
+def test_dynamic_int8_graph_on_openvino_matches_onnxruntimes_arithmetic(tmp_path, tiny_bundle):
+    import onnxruntime as ort
+    from onnxruntime.quantization import quantize_dynamic
+
+    path = tmp_path / "dynamic.onnx"
+    quantize_dynamic(str(tiny_bundle / "backbone.onnx"), str(path))
+    x = _rand(1, 3, 112, 112, seed=4)
+    b = create_backend("openvino", "cpu")
+    try:
+        got = b.to_host(b.run(b.load("backbone_dynamic", str(path)), {"pixel_values": x})["tracker_feat"])
+    finally:
+        b.close()
+    ref = ort.InferenceSession(str(path)).run(["tracker_feat"], {"pixel_values": x})[0]
+    rel = float(np.abs(got - ref).max() / np.abs(ref).max())
+    print(f"OpenVINO vs ONNX Runtime, dynamic int8 backbone: {rel:.3g} of the largest value ({CPU_ISA})")
+    assert rel < 1e-3
 
 
 def test_cli_track_passes_backend_precision_and_threads(tmp_path, monkeypatch):
@@ -510,8 +531,20 @@ def test_openvino_fp32_finds_the_same_objects_as_onnxruntime(case, tiny_bundle, 
     assert sum(len(r) for r in ort_run), "the case tracks no object"
 
 
-@pytest.mark.parametrize("case", [pytest.param(c, marks=pytest.mark.xfail(strict=True, reason=OV_KERNEL_ROUNDING))
-                                  if c in DIVERGING else c for c in PARITY_CASES])
+# The bikes stream case flips one tie pixel too on AVX2 CPUs (measured on an AMD EPYC without AVX-512),
+# where both runtimes take other kernels; on the AVX-512 CPUs it was first measured on it matches.
+DIVERGING_BY_ISA = {"bikes-stream": ("avx2",)}
+
+
+def _masks_case(c):
+    if c in DIVERGING:
+        return pytest.param(c, marks=pytest.mark.xfail(strict=True, reason=OV_KERNEL_ROUNDING))
+    if c in DIVERGING_BY_ISA:
+        return pytest.param(c, marks=rounding_xfail(OV_KERNEL_ROUNDING, DIVERGING_BY_ISA[c]))
+    return c
+
+
+@pytest.mark.parametrize("case", [_masks_case(c) for c in PARITY_CASES])
 def test_openvino_fp32_masks_match_onnxruntime(case, tiny_bundle, bikes_frames):
     """Every object-frame's mask IoU >= 0.999 against ONNX Runtime (the issue's bar)."""
     ort_run, ov_run = _both_backends(case, tiny_bundle, bikes_frames)
@@ -531,8 +564,8 @@ STATIC_STREAM_ROUNDING = ("one pixel of a 140-pixel mask flips at logit 0 (fp32 
                           "fusions), IoU 0.9929 < 0.999; see the comment above")
 
 
-@pytest.mark.parametrize("mode", ["forward", pytest.param("stream", marks=pytest.mark.xfail(
-    strict=True, reason=STATIC_STREAM_ROUNDING))])
+@pytest.mark.parametrize("mode", ["forward", pytest.param("stream", marks=rounding_xfail(
+    STATIC_STREAM_ROUNDING, diverges_on=("avx512",)))])  # on an AVX2 CPU the pixel does not flip
 def test_static_shapes_track_the_clip_as_onnxruntime(mode, tiny_bundle, bikes_frames):
     """shapes="static" on the bikes clip: the ids and scores of ONNX Runtime on every frame, masks at
     IoU >= 0.999, each graph compiled once per distinct call shape."""

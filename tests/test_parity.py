@@ -28,7 +28,7 @@ import sam3track
 from sam3track.postprocess import to_pixel_values
 from sam3track.video import open_video
 
-from .conftest import CLIPS
+from .conftest import CLIPS, rounding_xfail
 from .reference_kernels import installed_reference_kernels
 
 # The reference must be there: without torch this module fails to import and the run fails, never skips.
@@ -273,8 +273,12 @@ def test_parity_on_a_synthetic_clip(tiny_bundle):
     pytest.param("fused", marks=pytest.mark.xfail(strict=True, reason=(
         "fused attention's rounding (~1e-6 from the reference, like plain's, but different) flips tie pixels "
         "on frame 34, where 999 pixels of the tiny model's logits are within 1e-3 of 0; the flips enter the "
-        "memories and masks drift (raw IoU mean 0.964, ids equal). The plain export matches (below)."))),
-    "plain",
+        "memories and masks drift (raw IoU mean 0.964, ids equal). The plain export matches (below) on "
+        "AVX-512 CPUs."))),
+    pytest.param("plain", marks=rounding_xfail(
+        "on an AVX2 CPU (AMD EPYC, no AVX-512) ONNX Runtime's fp32 kernels round the plain export differently "
+        "too: tie pixels flip and the masks drift as with fused attention (measured IoU mean 0.974 < 0.99)",
+        diverges_on=("avx2",))),
 ])
 def test_parity_on_a_synthetic_clip_at_the_bundle_threshold(tiny_bundle, tiny_plain_bundle, attention):
     """The same clip at the bundle's own new_det_thresh (0.5; hotstart removal off, as above).
