@@ -2,12 +2,35 @@
 
 from __future__ import annotations
 
+import subprocess
 from pathlib import Path
 
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 CLIPS = REPO / "examples" / "clips"
+
+
+# A limit against hangs, never a verdict on speed: far above what a loaded 2-core machine takes.
+HANG_SECONDS = 600
+
+
+def communicate(proc: subprocess.Popen, what: str, input: str | None = None) -> tuple[str, str]:
+    """``proc.communicate()`` that, past HANG_SECONDS, kills the child and fails naming the hang."""
+    try:
+        return proc.communicate(input, timeout=HANG_SECONDS)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        _, err = proc.communicate()
+        pytest.fail(f"{what}: no exit within {HANG_SECONDS} s, a hang (stderr: {(err or '')[-2000:]})",
+                    pytrace=False)
+
+
+def run_child(args: list[str], what: str, **kwargs) -> subprocess.CompletedProcess:
+    """``subprocess.run(args, capture_output=True, text=True)`` with the hang guard of ``communicate``."""
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kwargs)
+    out, err = communicate(proc, what)
+    return subprocess.CompletedProcess(args, proc.returncode, out, err)
 
 
 def _cpu_isa() -> str:
@@ -83,3 +106,25 @@ def sam31_bundle(sam31_reference, tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("sam31") / "bundle"
     assert main(["--family", "sam3.1", "--tiny", "--out", str(out)]) == 0
     return out
+
+
+@pytest.fixture(scope="session")
+def sam31_plain_bundle(sam31_reference, tmp_path_factory) -> Path:
+    """The seeded SAM 3.1 checkpoint exported with standard-op attention (what om.convert needs);
+    read-only, shared by the OM conversion and acl tests."""
+    from graphs.sam31.export import export_bundle
+
+    out = tmp_path_factory.mktemp("sam31-plain") / "bundle"
+    return export_bundle(None, out, tiny=True, attention="plain", log=lambda *_: None)
+
+
+@pytest.fixture(scope="session")
+def fake_atc_path(tmp_path_factory) -> str:
+    """A PATH with the fake ``atc`` first (sam3track.testing.fake_atc)."""
+    import os
+
+    from sam3track.testing.fake_atc import install_fake_atc
+
+    bin_dir = tmp_path_factory.mktemp("fake-atc-bin")
+    install_fake_atc(bin_dir)
+    return f"{bin_dir}{os.pathsep}{os.environ['PATH']}"

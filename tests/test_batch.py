@@ -22,6 +22,7 @@ import ray  # noqa: E402,F401
 from sam3track.batch import (  # noqa: E402
     FRAME_DELAY_ENV,
     HOLD_FILE_ENV,
+    HOLD_SECONDS,
     LEDGER_NAME,
     PID_DIR_ENV,
     collect_inputs,
@@ -33,10 +34,15 @@ from sam3track.commands.track import run_track  # noqa: E402
 from sam3track.demo import demo_bundle_path  # noqa: E402
 from sam3track.video import MaskVideoWriter, open_source, open_video  # noqa: E402
 
+from .conftest import HANG_SECONDS, communicate  # noqa: E402
+
 ROOT = Path(__file__).resolve().parents[1]
 BIKES = ROOT / "examples" / "clips" / "bikes.mp4"
 FRAMES, WIDTH, HEIGHT = 6, 128, 72
 PROMPTS = ["person", "bike"]
+# HANG_SECONDS (conftest) is above HOLD_SECONDS: a driver that waits for a held video shows up in the
+# ledger, not as a timeout.
+assert HANG_SECONDS > HOLD_SECONDS
 
 
 def _write_clip(path: Path, first: int) -> None:
@@ -164,7 +170,7 @@ def test_killed_worker_is_replaced_and_its_video_redone_once(
     killed: list[tuple[int, str]] = []
 
     def kill_first_busy_worker() -> None:
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + HANG_SECONDS
         while time.monotonic() < deadline:
             busy = sorted(pids.glob("*.busy"))
             if busy:
@@ -179,7 +185,7 @@ def test_killed_worker_is_replaced_and_its_video_redone_once(
     killer.start()
     summaries = list(track_videos(clips["good"], PROMPTS, demo_bundle_path(), out, workers=2))
     killer.join()
-    assert killed, "no worker was seen busy"
+    assert killed, f"no worker was seen busy within {HANG_SECONDS} s (a hang before the first frame?)"
     assert all(s.status == "done" for s in summaries), summaries
     lines = _ledger_lines(out)
     assert sorted(line["video"] for line in lines) == sorted(map(str, clips["good"]))  # once each
@@ -209,15 +215,18 @@ def test_interrupted_cli_resumes_without_redoing(
                             stderr=subprocess.PIPE, text=True)
     try:
         ledger = out / LEDGER_NAME
-        deadline = time.monotonic() + 180
+        deadline = time.monotonic() + HANG_SECONDS
         while time.monotonic() < deadline and proc.poll() is None:
             if ledger.exists() and ledger.read_text().count("\n") >= 1:
                 break
             time.sleep(0.05)
         assert proc.poll() is None, f"the batch ended before the Ctrl-C: {proc.communicate()[1]}"
-        assert ledger.exists() and ledger.read_text().count("\n") == 1, "no video finished in 180 s"
+        assert ledger.exists() and ledger.read_text().count("\n") == 1, \
+            f"no video finished in {HANG_SECONDS} s (the batch hangs)"
         proc.send_signal(signal.SIGINT)
-        stdout, stderr = proc.communicate(timeout=60)  # still held: a Ctrl-C that waits for it times out
+        # The worker stays held while we wait: a driver that waited for its video would finish it only
+        # once the hold expires (HOLD_SECONDS) and write a second ledger line, which fails below.
+        stdout, stderr = communicate(proc, "sam3track batch after Ctrl-C")
     finally:
         hold.unlink(missing_ok=True)
         if proc.poll() is None:
@@ -232,12 +241,13 @@ def test_interrupted_cli_resumes_without_redoing(
               and ".partial" not in p.name and ".interrupted" not in p.name}
     assert finals == {f"{n}{s}" for n in done_names for s in (".json", ".masks.mp4")}
 
-    again = subprocess.run(command, env=env, capture_output=True, text=True, timeout=120)
-    assert again.returncode == 0, again.stderr
+    again = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    again_out, again_err = communicate(again, "sam3track batch, the re-run")
+    assert again.returncode == 0, again_err
     lines = _ledger_lines(out)
     assert sorted(line["video"] for line in lines) == sorted(map(str, clips["good"]))  # once each
     assert [line["video"] for line in lines[:len(first)]] == [line["video"] for line in first]
-    assert sum(row.startswith("skipped ") for row in again.stdout.splitlines()) == len(first)
+    assert sum(row.startswith("skipped ") for row in again_out.splitlines()) == len(first)
     assert read_ledger(out).keys() == {str(p) for p in clips["good"]}
     _check_outputs_equal_track(out, clips["good"], references)
     _no_partials(out)

@@ -21,6 +21,8 @@ from sam3track.results import FrameResult
 from sam3track.sinks import decode_rle
 from sam3track.video import open_video
 
+from .conftest import HANG_SECONDS, communicate, run_child
+
 REPO = Path(__file__).resolve().parents[1]
 BIKES = REPO / "examples" / "clips" / "bikes.mp4"
 COUNT = 12
@@ -256,16 +258,18 @@ def _stop_midway(args: list[str], cwd: Path, signum: int) -> tuple[int, str]:
         cwd=cwd, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )
     partial = cwd / "part.json.partial"
-    deadline = time.monotonic() + 120
+    deadline = time.monotonic() + HANG_SECONDS
     try:
         # The JSON sink flushes each frame: wait until a few are done, then send the signal.
-        while time.monotonic() < deadline and proc.poll() is None:
+        while proc.poll() is None:
             if partial.exists() and partial.read_text().count('"frame_index"') >= 3:
                 break
+            if time.monotonic() > deadline:
+                pytest.fail(f"sam3track wrote fewer than 3 frames in {HANG_SECONDS} s: a hang", pytrace=False)
             time.sleep(0.005)
         assert proc.poll() is None, f"the run ended before it could be stopped:\n{proc.communicate()}"
         proc.send_signal(signum)
-        _, stderr = proc.communicate(timeout=60)
+        _, stderr = communicate(proc, f"sam3track after signal {signum}")
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -312,8 +316,7 @@ def test_signal_leaves_valid_partial_outputs(
 @pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals to a child process")
 def test_stopped_rerun_keeps_the_complete_outputs(tiny_bundle: Path, tmp_path: Path) -> None:
     args = _track_args(tiny_bundle, tmp_path)
-    proc = subprocess.run([sys.executable, "-m", "sam3track.cli", *args], cwd=tmp_path,
-                          env=_env(), capture_output=True, text=True, timeout=600)
+    proc = run_child([sys.executable, "-m", "sam3track.cli", *args], "sam3track track", cwd=tmp_path, env=_env())
     assert proc.returncode == 0, proc.stderr
     finals = [tmp_path / "part.mp4", tmp_path / "part.json",
               *sorted((tmp_path / "masks").iterdir())]
@@ -480,10 +483,10 @@ def test_bad_outputs_bundles_and_frames(tmp_path: Path, tiny_bundle: Path, capsy
 
 
 def test_errors_through_the_real_entry_point(tmp_path: Path) -> None:
-    proc = subprocess.run(
+    proc = run_child(
         [sys.executable, "-m", "sam3track.cli", "track", str(tmp_path / "nope.mp4"),
          "--prompt", "person", "--bundle", str(tmp_path)],
-        env=_env(), capture_output=True, text=True, timeout=60,
+        "sam3track track on a missing file", env=_env(),
     )
     assert proc.returncode == 2
     assert proc.stderr.startswith("error: ") and "nope.mp4" in proc.stderr
@@ -566,11 +569,11 @@ def test_outputs_that_are_folders(tmp_path: Path, tiny_bundle: Path, capsys) -> 
 def test_fifo_input_is_refused(tmp_path: Path) -> None:
     fifo = tmp_path / "camera.mp4"
     os.mkfifo(fifo)
-    # A child process with a timeout: a regression (FFmpeg waiting on the FIFO) fails, not hangs.
-    proc = subprocess.run(
+    # A child process with a hang guard: a regression (FFmpeg waiting on the FIFO) fails, not hangs.
+    proc = run_child(
         [sys.executable, "-m", "sam3track.cli", "track", str(fifo), "--prompt", "person",
          "--bundle", str(tmp_path), "-o", str(tmp_path / "o.mp4")],
-        env=_env(), capture_output=True, text=True, timeout=120,
+        "sam3track track on a FIFO (FFmpeg waiting on it?)", env=_env(),
     )
     assert proc.returncode == 2
     assert proc.stderr == (f"error: {fifo} is not a regular file; pass a video file or a folder "

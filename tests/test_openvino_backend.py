@@ -9,7 +9,6 @@ from __future__ import annotations
 import argparse
 import gc
 import signal
-import subprocess
 import sys
 
 import numpy as np
@@ -23,7 +22,7 @@ from sam3track.backends import openvino as ov_backend
 from sam3track.errors import BackendError, BundleError, Sam3TrackError
 from sam3track.video import open_video
 
-from .conftest import CLIPS, CPU_ISA, REPO, rounding_xfail
+from .conftest import CLIPS, CPU_ISA, REPO, rounding_xfail, run_child
 
 F32 = TensorProto.FLOAT
 HAS_BF16 = "BF16" in ov_backend.cpu_capabilities()
@@ -277,7 +276,7 @@ for s in (signal.SIGINT, signal.SIGTERM):
     os.kill(os.getpid(), s)
 print("handled", seen)
 """
-    proc = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=120)
+    proc = run_child([sys.executable, "-c", script], "OpenVINO signal-handling child", cwd=REPO)
     assert proc.returncode == 0, f"exit {proc.returncode}: {proc.stderr[-2000:]}"
     assert f"handled [{int(signal.SIGINT)}, {int(signal.SIGTERM)}]" in proc.stdout
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import subprocess
 import sys
 from fractions import Fraction
 from pathlib import Path
@@ -22,6 +21,8 @@ from sam3track.video import (
     open_source,
     open_video,
 )
+
+from .conftest import run_child
 
 CLIPS = Path(__file__).resolve().parents[1] / "examples" / "clips"
 BIKES = CLIPS / "bikes.mp4"
@@ -394,8 +395,8 @@ def test_fifo_or_device_is_refused_not_waited_on(tmp_path: Path) -> None:
     repo = str(Path(__file__).resolve().parents[1])
     env["PYTHONPATH"] = os.pathsep.join(p for p in (repo, env.get("PYTHONPATH")) if p)
     paths = [str(fifo)] + (["/dev/zero"] if Path("/dev/zero").exists() else [])
-    proc = subprocess.run([sys.executable, "-c", script, *paths], env=env, capture_output=True,
-                          text=True, timeout=60)
+    proc = run_child([sys.executable, "-c", script, *paths], "open_video on a FIFO (FFmpeg waiting on it?)",
+                     env=env)
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.splitlines()
     assert len(lines) == 2 * len(paths)
