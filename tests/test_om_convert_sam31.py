@@ -18,7 +18,6 @@ step).
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import numpy as np
@@ -33,7 +32,7 @@ from om.prepass import sample_inputs
 from sam3track.backends import create_backend
 from sam3track.bundle import Bundle
 from sam3track.testing.acl_emulator import install
-from sam3track.testing.fake_atc import install_fake_atc, read_fake_om
+from sam3track.testing.fake_atc import read_fake_om
 
 # images 1, 2: every graph gets two gears or more. Pool capacities below the defaults (checked on the
 # plan; the converter takes them from --gears like any other size) keep the decoder's runs short.
@@ -45,17 +44,12 @@ POOL_AXES = ("memory_rows", "image_rows", "pointer_rows")
 
 
 @pytest.fixture(scope="module")
-def bundles(sam31_reference, tmp_path_factory):
+def bundles(sam31_plain_bundle, fake_atc_path, tmp_path_factory):
     """(plain bundle, its OM bundle, the om_manifest)."""
-    from graphs.sam31.export import export_bundle
-
-    root = tmp_path_factory.mktemp("sam31-om")
-    plain = export_bundle(None, root / "plain", tiny=True, attention="plain", log=lambda *_: None)
-    bin_dir = root / "bin"
-    install_fake_atc(bin_dir)
-    out = root / "plain-om"
+    plain = sam31_plain_bundle
+    out = tmp_path_factory.mktemp("sam31-om") / "plain-om"
     with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+        mp.setenv("PATH", fake_atc_path)
         om = convert_bundle(plain, "Ascend910B2", out, gears=GEARS, log=lambda *_: None)
     return plain, out, om
 

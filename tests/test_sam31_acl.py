@@ -9,7 +9,6 @@ frame 0), run here over 20 frames of the same clip.
 
 from __future__ import annotations
 
-import os
 
 import numpy as np
 import pytest
@@ -17,7 +16,6 @@ import pytest
 import sam3track
 from graphs import sam31_reference as ref
 from sam3track.testing.acl_emulator import install
-from sam3track.testing.fake_atc import install_fake_atc
 
 from .conftest import CLIPS
 
@@ -26,20 +24,16 @@ LONG = 32  # the eviction run: 2 buckets x 32 frames > the 60 memory rows compil
 
 
 @pytest.fixture(scope="module")
-def bundles(sam31_reference, tmp_path_factory):
+def bundles(sam31_plain_bundle, fake_atc_path, tmp_path_factory):
     """(plain SAM 3.1 bundle, its OM bundle)."""
-    from graphs.sam31.export import export_bundle
     from om.convert import convert_bundle
 
-    root = tmp_path_factory.mktemp("sam31-acl")
-    plain = export_bundle(None, root / "plain", tiny=True, attention="plain", log=lambda *_: None)
-    bin_dir = root / "bin"
-    install_fake_atc(bin_dir)
+    plain, out = sam31_plain_bundle, tmp_path_factory.mktemp("sam31-acl") / "om"
     with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
-        om = convert_bundle(plain, "Ascend910B2", root / "om", log=lambda *_: None)
+        mp.setenv("PATH", fake_atc_path)
+        om = convert_bundle(plain, "Ascend910B2", out, log=lambda *_: None)
     assert om["compiled"]
-    return plain, root / "om"
+    return plain, out
 
 
 @pytest.fixture(scope="module")

@@ -23,12 +23,9 @@ IOU_MEAN, IOU_MIN, SCORE_TOL = 0.99, 0.95, 1e-3
 
 
 @pytest.fixture(scope="module")
-def bundle(sam31_reference, tmp_path_factory):
-    from graphs.export import main
-
-    out = tmp_path_factory.mktemp("sam31rt") / "bundle"
-    assert main(["--family", "sam3.1", "--tiny", "--out", str(out)]) == 0
-    return out
+def bundle(sam31_bundle):
+    """The seeded SAM 3.1 checkpoint exported by the command line (conftest: once per test run)."""
+    return sam31_bundle
 
 
 def _frames(doc) -> np.ndarray:
