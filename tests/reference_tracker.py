@@ -288,3 +288,18 @@ def run_reference_tracker(bundle, frames: np.ndarray, script: list[dict], predic
     run = ReferenceRun(events, conditioning, tracked, seconds)
     run.session = session  # for tests that look inside (not part of the plain-numpy result)
     return run
+
+
+def cached_reference_tracker(bundle, frames: np.ndarray, script: list[dict], predictor, model=None,
+                             directions=()) -> ReferenceRun:
+    """``run_reference_tracker`` through tests/reference_cache.py: keyed by the weights, the pixel values,
+    the script and this code (a cached run has no ``.session``)."""
+    from sam3track.postprocess import to_pixel_values
+
+    from .reference_cache import cached_run
+
+    pixels = np.concatenate([to_pixel_values(f, predictor.config) for f in frames])
+    params = {"script": script, "directions": list(directions), "hw": list(frames.shape[1:3]),
+              "image_size": int(predictor.config.image_size)}
+    return cached_run("tracker", bundle, {"pixels": pixels}, params,
+                      lambda: run_reference_tracker(bundle, frames, script, predictor, directions, model))

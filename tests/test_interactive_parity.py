@@ -48,7 +48,7 @@ import sam3track
 from sam3track.video import open_video
 
 from .conftest import CLIPS
-from .reference_tracker import FrameOutput, PromptOutput, load_reference, run_reference_tracker
+from .reference_tracker import FrameOutput, PromptOutput, cached_reference_tracker, load_reference
 from .test_parity import synthetic_frames
 
 import torch  # noqa: E402,F401  (the reference must be there: fail, never skip)
@@ -178,7 +178,7 @@ def compare(mine, ref: FrameOutput, where: str, ious: list, raw_ious: list):
 def assert_interactive_parity(bundle, frames, direction, model=None):
     script = scenario(frames, direction)
     predictor = sam3track.load(bundle)
-    ref = run_reference_tracker(bundle, frames, script, predictor, model=model)
+    ref = cached_reference_tracker(bundle, frames, script, predictor, model)
     print(f"reference: {ref.seconds}; conditioning {ref.conditioning}")
     ours = run_sam3track(bundle, frames, script)
     assert len(ours) == len(ref.events)
@@ -236,7 +236,7 @@ def test_comparison_accepts_the_reference_itself(tiny_bundle, reference_model):
 
     frames = synthetic_frames()[:24]
     script = scenario(frames, "forward")
-    ref = run_reference_tracker(tiny_bundle, frames, script, sam3track.load(tiny_bundle), model=reference_model)
+    ref = cached_reference_tracker(tiny_bundle, frames, script, sam3track.load(tiny_bundle), reference_model)
 
     def as_result(out, drop_empty=True):
         keep = [j for j in range(len(out.object_ids)) if out.masks[j].any() or not drop_empty]
@@ -274,7 +274,7 @@ def test_interactive_parity_synthetic(tiny_bundle, reference_model, direction):
 def _correction_after_the_pass(bundle, frames, model, correct_on):
     script = scenario(frames, "forward", correct_on=correct_on)
     predictor = sam3track.load(bundle)
-    ref = run_reference_tracker(bundle, frames, script, predictor, model=model)
+    ref = cached_reference_tracker(bundle, frames, script, predictor, model)
     return script, ref, run_sam3track(bundle, frames, script)
 
 
@@ -292,7 +292,7 @@ def test_a_correction_survives_repropagation_where_the_reference_drops_it(tiny_b
     last = len(frames) - 1
     script = scenario(frames, "forward", correct_on=20) + [dict(propagate="forward")]
     predictor = sam3track.load(tiny_bundle)
-    ref = run_reference_tracker(tiny_bundle, frames, script, predictor, model=reference_model)
+    ref = cached_reference_tracker(tiny_bundle, frames, script, predictor, reference_model)
     ours = run_sam3track(tiny_bundle, frames, script)
 
     def mask_on_20(result_list, obj_id, masks_of):
