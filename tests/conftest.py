@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from .export_cache import cached_export, exported
+
 REPO = Path(__file__).resolve().parents[1]
 CLIPS = REPO / "examples" / "clips"
 
@@ -34,16 +36,23 @@ def run_child(args: list[str], what: str, **kwargs) -> subprocess.CompletedProce
 
 
 def _cpu_isa() -> str:
-    """The x86 vector ISA the CPU kernels of ONNX Runtime and OpenVINO pick ("avx512", "avx2"), else "other"."""
+    """The CPU class whose kernels ONNX Runtime and OpenVINO pick: "avx512-amx" (Xeon Sapphire Rapids and
+    later), "avx512-bf16" (AMD Zen 4: AVX-512 with AVX512-BF16, no AMX), "avx512" (AVX-512 without either),
+    "avx2", else "other"."""
     try:
         flags = next((line for line in open("/proc/cpuinfo") if line.startswith("flags")), "").split()
     except OSError:
         return "other"
-    return "avx512" if "avx512f" in flags else "avx2" if "avx2" in flags else "other"
+    if "avx512f" in flags:
+        return "avx512-amx" if "amx_bf16" in flags else "avx512-bf16" if "avx512_bf16" in flags else "avx512"
+    return "avx2" if "avx2" in flags else "other"
 
 
 CPU_ISA = _cpu_isa()
-MEASURED_ISAS = ("avx512", "avx2")
+# Where every rounding_xfail outcome was measured: a Xeon with AMX (the strict marks' first CI machines),
+# AMD Zen 4 (../shared/docs/suite-profile.md: the same outcomes as the Xeon) and AMD EPYC with AVX2 only.
+MEASURED_ISAS = ("avx512-amx", "avx512-bf16", "avx2")
+AVX512 = ("avx512-amx", "avx512-bf16")  # measured AVX-512 classes: equal outcomes so far
 
 
 def rounding_xfail(reason: str, diverges_on: tuple[str, ...]):
@@ -56,12 +65,14 @@ def rounding_xfail(reason: str, diverges_on: tuple[str, ...]):
                              reason=f"{reason} (measured: diverges on {', '.join(diverges_on)} CPUs)")
 
 
+# Bundles: exported through the real checkpoint path once per code version (tests/export_cache.py), copied
+# into each run's own folder.
 @pytest.fixture(scope="session")
 def tiny_bundle(tmp_path_factory) -> Path:
     from graphs.export import export_bundle
 
     out = tmp_path_factory.mktemp("bundles") / "tiny"
-    return export_bundle(None, out, tiny_seed=0, log=lambda *_: None)
+    return cached_export("tiny", {"seed": 0}, out, lambda o: export_bundle(None, o, tiny_seed=0, log=lambda *_: None))
 
 
 @pytest.fixture(scope="session")
@@ -70,7 +81,8 @@ def tiny_plain_bundle(tmp_path_factory) -> Path:
     from graphs.export import export_bundle
 
     out = tmp_path_factory.mktemp("bundles") / "tiny-plain"
-    return export_bundle(None, out, tiny_seed=0, log=lambda *_: None, attention="plain")
+    return cached_export("tiny-plain", {"seed": 0}, out,
+                         lambda o: export_bundle(None, o, tiny_seed=0, log=lambda *_: None, attention="plain"))
 
 
 def sam31_reference_or_skip():
@@ -104,8 +116,9 @@ def sam31_bundle(sam31_reference, tmp_path_factory) -> Path:
     from graphs.export import main
 
     out = tmp_path_factory.mktemp("sam31") / "bundle"
-    assert main(["--family", "sam3.1", "--tiny", "--out", str(out)]) == 0
-    return out
+    argv = ["--family", "sam3.1", "--tiny", "--out", str(out)]
+    return cached_export("sam31", {"argv": argv[:-1]}, out, lambda o: exported(main(argv[:-1] + [str(o)])),
+                         inputs=(sam31_reference.checkpoint,))
 
 
 @pytest.fixture(scope="session")
@@ -115,7 +128,9 @@ def sam31_plain_bundle(sam31_reference, tmp_path_factory) -> Path:
     from graphs.sam31.export import export_bundle
 
     out = tmp_path_factory.mktemp("sam31-plain") / "bundle"
-    return export_bundle(None, out, tiny=True, attention="plain", log=lambda *_: None)
+    return cached_export("sam31-plain", {"attention": "plain"}, out,
+                         lambda o: export_bundle(None, o, tiny=True, attention="plain", log=lambda *_: None),
+                         inputs=(sam31_reference.checkpoint,))
 
 
 @pytest.fixture(scope="session")

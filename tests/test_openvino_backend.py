@@ -22,7 +22,7 @@ from sam3track.backends import openvino as ov_backend
 from sam3track.errors import BackendError, BundleError, Sam3TrackError
 from sam3track.video import open_video
 
-from .conftest import CLIPS, CPU_ISA, REPO, rounding_xfail, run_child
+from .conftest import AVX512, CLIPS, CPU_ISA, REPO, rounding_xfail, run_child
 
 F32 = TensorProto.FLOAT
 HAS_BF16 = "BF16" in ov_backend.cpu_capabilities()
@@ -564,7 +564,7 @@ STATIC_STREAM_ROUNDING = ("one pixel of a 140-pixel mask flips at logit 0 (fp32 
 
 
 @pytest.mark.parametrize("mode", ["forward", pytest.param("stream", marks=rounding_xfail(
-    STATIC_STREAM_ROUNDING, diverges_on=("avx512",)))])  # on an AVX2 CPU the pixel does not flip
+    STATIC_STREAM_ROUNDING, diverges_on=AVX512))])  # on an AVX2 CPU the pixel does not flip
 def test_static_shapes_track_the_clip_as_onnxruntime(mode, tiny_bundle, bikes_frames):
     """shapes="static" on the bikes clip: the ids and scores of ONNX Runtime on every frame, masks at
     IoU >= 0.999, each graph compiled once per distinct call shape."""

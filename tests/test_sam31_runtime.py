@@ -416,9 +416,13 @@ def confident(sam31_reference, tmp_path_factory):
     """The bundle of the confident checkpoint (make_checkpoint.py --confident) and its scenarios folder."""
     from graphs.export import main
 
+    from .export_cache import cached_export, exported
+
     ck, scenarios = sam31_reference.confident()
     out = tmp_path_factory.mktemp("sam31conf") / "bundle"
-    assert main(["--family", "sam3.1", "--checkpoint", str(ck / "sam3.1_multiplex.pt"), "--out", str(out)]) == 0
+    argv = ["--family", "sam3.1", "--checkpoint", str(ck / "sam3.1_multiplex.pt"), "--out"]
+    cached_export("sam31-confident", {"argv": argv}, out, lambda o: exported(main(argv + [str(o)])),
+                  inputs=(ck / "sam3.1_multiplex.pt",))
     return out, scenarios
 
 
