@@ -4,7 +4,7 @@ fixed at Meta's most, pools fixed at 64 objects' rows) tracks what ONNX Runtime 
 tracks, over more frames than the fixed pools could hold without eviction.
 
 Thresholds and the object cap are those of Meta's recorded text_two_buckets scenario (two buckets on
-frame 0), run here over 20 frames of the same clip.
+frame 0), run here over 32 frames of the same clip: both tests read one run of each backend.
 """
 
 from __future__ import annotations
@@ -18,20 +18,20 @@ from graphs import sam31_reference as ref
 from sam3track.testing.acl_emulator import install
 
 from .conftest import CLIPS
+from .export_cache import cached_conversion
 
-FRAMES = 20  # the parity run
-LONG = 32  # the eviction run: 2 buckets x 32 frames > the 60 memory rows compiled
+pytestmark = pytest.mark.slow  # the full tier: SAM 3.1 on the acl emulator over 32 frames against ONNX Runtime
+
+FRAMES = 32  # 2 buckets x 32 frames > the 60 memory rows compiled: the pools must evict to keep up
 
 
 @pytest.fixture(scope="module")
 def bundles(sam31_plain_bundle, fake_atc_path, tmp_path_factory):
     """(plain SAM 3.1 bundle, its OM bundle)."""
-    from om.convert import convert_bundle
-
     plain, out = sam31_plain_bundle, tmp_path_factory.mktemp("sam31-acl") / "om"
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("PATH", fake_atc_path)
-        om = convert_bundle(plain, "Ascend910B2", out, log=lambda *_: None)
+        out, om = cached_conversion("om-sam31-default", plain, out, soc="Ascend910B2")
     assert om["compiled"]
     return plain, out
 
@@ -44,21 +44,45 @@ def scenario(sam31_reference):
     options = {k: v["value"] for k, v in doc["overrides"].items()}
     options.update(doc.get("builder_kwargs", {}))
     with open_video(CLIPS / doc["clip"]["file"]) as video:
-        frames = np.stack([video.read(i) for i in range(LONG)])
+        frames = np.stack([video.read(i) for i in range(FRAMES)])
     return doc["text"], options, frames
 
 
-def _track(bundle, text, options, frames, boxes=None, **load):
+def _track(bundle, text, options, frames, boxes=None, on_frame=None, **load):
+    """(results, graph call counts, the tracker's memory); ``on_frame(session)`` after each frame."""
     predictor = sam3track.load(bundle, **options, **load)
     try:
         session = predictor.start_session(frames)
-        first = session.add_prompt(0, text=text, boxes=boxes)
-        results = [first] + list(session.propagate("forward"))
+        results = [session.add_prompt(0, text=text, boxes=boxes)]
+        for result in session.propagate("forward"):
+            results.append(result)
+            if on_frame:
+                on_frame(session)
         if boxes is not None:  # the size the box call ran at
             _track.box_gear = predictor.backend.plan(predictor.graphs["box_grounding_head"], "boxes", len(boxes))
         return results, predictor.backend.calls.copy(), session.tracker.memory
     finally:
         predictor.close()
+
+
+@pytest.fixture(scope="module")
+def runs(bundles, scenario):
+    """The text scenario over FRAMES frames on ONNX Runtime (plain bundle) and on acl (OM bundle), once
+    for the tests below; on acl, per frame: (rows used in the memory pool, buckets)."""
+    plain, om = bundles
+    text, options, frames = scenario
+    want, _, grown = _track(plain, text, options, frames)
+    usage = []
+
+    def record(session):
+        pool = session.tracker.memory.memories
+        usage.append((pool.used, sum(s.registry.num_buckets for s in session.tracker.states), pool.capacity))
+
+    with install() as emu:
+        got, calls, fixed = _track(om, text, options, frames, on_frame=record, backend="acl", device="npu:0")
+        stats = emu.stats
+        assert stats.live_allocations == 0 and not stats.leaks
+    return want, grown, got, calls, fixed, usage
 
 
 def _assert_same(want, got):
@@ -74,14 +98,9 @@ def _assert_same(want, got):
     assert np.mean(ious) >= 0.99 and min(ious) >= 0.95 and score_diff <= 1e-3, (np.mean(ious), min(ious), score_diff)
 
 
-def test_text_tracking_on_acl_matches_onnxruntime(bundles, scenario):
-    plain, om = bundles
-    text, options, frames = scenario
-    frames = frames[:FRAMES]
-    want, _, grown = _track(plain, text, options, frames)
-    with install() as emu:
-        got, calls, fixed = _track(om, text, options, frames, backend="acl", device="npu:0")
-        assert emu.stats.live_allocations == 0 and not emu.stats.leaks
+def test_text_tracking_on_acl_matches_onnxruntime(runs):
+    """Every frame, those after the pools began to evict included (next test)."""
+    want, grown, got, calls, fixed, _ = runs
     assert grown.fixed is None and fixed.fixed == {"memory_rows": 61, "image_rows": 61, "pointer_rows": 97}
     assert len(got) == len(want) == FRAMES + 1
     assert max(a.object_ids.size for a in want) > 16  # two buckets or more
@@ -106,22 +125,12 @@ def test_a_box_prompt_on_acl_is_padded_to_a_box_gear_and_matches_onnxruntime(bun
     _assert_same(want, got)
 
 
-def test_fixed_pools_evict_what_the_next_frame_cannot_read(bundles, scenario):
-    """Without eviction 32 frames of 2+ buckets need more memory rows than the 60 compiled; with it a
+def test_fixed_pools_evict_what_the_next_frame_cannot_read(runs):
+    """Without eviction FRAMES frames of 2+ buckets need more memory rows than the 60 compiled; with it a
     forward pass holds per bucket the conditioning frame and the 6 frames the next frame reads."""
-    _, om = bundles
-    text, options, frames = scenario
-    with install():
-        predictor = sam3track.load(om, backend="acl", device="npu:0", **options)
-        try:
-            session = predictor.start_session(frames)
-            session.add_prompt(0, text=text)
-            memory = session.tracker.memory
-            peak = 0
-            for result in session.propagate("forward"):
-                buckets = sum(s.registry.num_buckets for s in session.tracker.states)
-                assert memory.memories.used <= buckets * 8, result.frame_index  # cond + 6 recent + this frame
-                peak = max(peak, memory.memories.used)
-            assert LONG * 2 > memory.memories.capacity - 1 >= peak
-        finally:
-            predictor.close()
+    *_, usage = runs
+    assert len(usage) == FRAMES  # every propagated frame, frame 0 (reused) included
+    for frame, (used, buckets, _) in enumerate(usage):
+        assert used <= buckets * 8, frame  # cond + 6 recent + this frame
+    peak, capacity = max(used for used, _, _ in usage), usage[-1][2]
+    assert FRAMES * 2 > capacity - 1 >= peak
