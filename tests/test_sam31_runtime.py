@@ -19,6 +19,8 @@ from graphs import sam31_reference as ref
 
 from .conftest import CLIPS
 
+pytestmark = pytest.mark.slow  # the full tier: Meta's recorded SAM 3.1 scenarios replayed (minutes)
+
 IOU_MEAN, IOU_MIN, SCORE_TOL = 0.99, 0.95, 1e-3
 
 
@@ -160,14 +162,18 @@ TEXT_SCENARIOS = ("text_one_bucket", "text_two_buckets", "text_cap16", "confirma
 
 
 @pytest.mark.parametrize("name", TEXT_SCENARIOS)
-def test_text_scenario_matches_meta(bundle, sam31_reference, name):
-    doc, responses = ref.load_scenario(sam31_reference.scenarios, name)
-    pairs, _ = replay(bundle, doc, responses)
+def test_text_scenario_matches_meta(bundle, sam31_reference, name, request):
+    if name == "hotstart_removal":  # replayed once for this test and the planning contract's
+        doc, responses, pairs, session, _ = request.getfixturevalue("hotstart_replay")
+    else:
+        doc, responses = ref.load_scenario(sam31_reference.scenarios, name)
+        pairs, _ = replay(bundle, doc, responses)
+        session = replay.session
     assert len(pairs) == len(responses)
     stats = parity(pairs)
     print(name, stats)
     assert_parity(stats)
-    assert_same_states(replay.session, doc)
+    assert_same_states(session, doc)
 
 
 @pytest.mark.parametrize("name", ("boxes_with_text", "boxes_only"))
@@ -375,10 +381,10 @@ def test_graph_calls_per_frame(bundle, sam31_reference):
     assert calls["memory_encoder"] - before["memory_encoder"] == n
 
 
-def test_planning_changes_nothing(bundle, sam31_reference, monkeypatch):
-    """The shared phases' contract (sam3track/phases.py) for 3.1: planning runs no graph and leaves the
-    metadata, the score tables and every tracker state as they were, on frames with hotstart removals
-    and births alike; execution then applies what it decided."""
+def _checked_plan(plans: list):
+    """Sam31Tracker.plan wrapped to prove the shared phases' contract (sam3track/phases.py) on every call:
+    planning runs no graph and leaves the metadata, the score tables and every tracker state as they
+    were; each plan is appended to ``plans``."""
     import pickle
 
     from sam3track.families.sam31.tracker import Sam31Tracker
@@ -391,7 +397,7 @@ def test_planning_changes_nothing(bundle, sam31_reference, monkeypatch):
         def __getattr__(self, name):
             raise AssertionError(f"planning used the backend ({name})")
 
-    plans, original = [], Sam31Tracker.plan
+    original = Sam31Tracker.plan
 
     def checked(self, *args):
         before, backend = host_state(self), self.backend
@@ -404,11 +410,29 @@ def test_planning_changes_nothing(bundle, sam31_reference, monkeypatch):
         plans.append(plan)
         return plan
 
-    monkeypatch.setattr(Sam31Tracker, "plan", checked)
+    return checked
+
+
+@pytest.fixture(scope="module")
+def hotstart_replay(bundle, sam31_reference):
+    """hotstart_removal replayed once with every plan() checked (_checked_plan), read by its parity test
+    and by test_planning_changes_nothing: (doc, responses, pairs, session, plans)."""
+    from sam3track.families.sam31.tracker import Sam31Tracker
+
+    plans = []
     doc, responses = ref.load_scenario(sam31_reference.scenarios, "hotstart_removal")
-    replay(bundle, doc, responses)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(Sam31Tracker, "plan", _checked_plan(plans))
+        pairs, _ = replay(bundle, doc, responses)
+    return doc, responses, pairs, replay.session, plans
+
+
+def test_planning_changes_nothing(hotstart_replay):
+    """Planning decides without changing anything, on frames with hotstart removals and births alike (the
+    checks run inside the replay, _checked_plan); execution then applies what it decided."""
+    *_, session, plans = hotstart_replay
     assert any(p.removed_ids for p in plans) and any(p.new_ids.size for p in plans)
-    assert replay.session.tracker.meta is plans[-1].meta  # the last frame's metadata, installed
+    assert session.tracker.meta is plans[-1].meta  # the last frame's metadata, installed
 
 
 @pytest.fixture(scope="module")
