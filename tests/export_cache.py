@@ -1,4 +1,4 @@
-"""The test suite's bundles, exported once per code version instead of once per run.
+"""The test suite's bundles, exported (and converted to OM) once per code version instead of once per run.
 
 An export is deterministic (tests/test_graphs.py::test_tiny_export_is_deterministic): its bundle is a
 function of the export code, the runtime code it writes the manifest for, the reference harness that
@@ -49,8 +49,11 @@ def export_key(kind: str, args: dict, inputs: tuple[Path, ...] = ()) -> str:
     if _DIGEST is None:
         _DIGEST = _code_digest()
     h = hashlib.sha256(_DIGEST + kind.encode() + json.dumps(args, sort_keys=True, default=str).encode())
-    for path in inputs:  # files outside the repo the export reads (a checkpoint)
-        h.update(hashlib.sha256(Path(path).read_bytes()).digest())
+    for top in map(Path, inputs):  # files or folders outside the repo it reads (a checkpoint, a bundle)
+        for path in sorted(top.rglob("*")) if top.is_dir() else [top]:
+            if path.is_file():
+                h.update(str(path.relative_to(top)).encode() if top.is_dir() else b"")
+                h.update(hashlib.sha256(path.read_bytes()).digest())
     return f"{kind}-{h.hexdigest()[:20]}"
 
 
@@ -77,6 +80,21 @@ def cached_export(kind: str, args: dict, out: Path, export: Callable[[Path], obj
         shutil.rmtree(staging, ignore_errors=True)
     _prune()
     return out
+
+
+def cached_conversion(kind: str, bundle: Path, out: Path, **convert) -> tuple[Path, dict]:
+    """``om.convert.convert_bundle(bundle, out=out, log=None, **convert)`` through the cache (the fake
+    ``atc`` on PATH is sam3track code, so in the key): (out, its om_manifest)."""
+    from om.convert import convert_bundle
+
+    def run(o: Path) -> None:
+        om = convert_bundle(bundle, out=o, log=lambda *_: None, **convert)
+        assert om == json.loads((o / "om_manifest.json").read_text())  # what it returns is what it wrote
+
+    args = {k: sorted(v.items()) if isinstance(v, dict) else v for k, v in convert.items()}
+    args["atc on PATH"] = shutil.which("atc") is not None  # planned-only and compiled bundles differ
+    cached_export(kind, args, out, run, inputs=(bundle,))
+    return out, json.loads((out / "om_manifest.json").read_text())
 
 
 def exported(code: int) -> None:

@@ -22,6 +22,9 @@ from .test_static_shapes import (MODES, OPTIONS, PROMPTS, assert_same_tracks, bi
                                  unplanned)
 
 from .conftest import CLIPS
+from .export_cache import cached_conversion
+
+pytestmark = pytest.mark.slow  # the full tier: the tiny bundle on the acl emulator against ONNX Runtime
 
 
 @pytest.fixture(scope="module")
@@ -31,7 +34,7 @@ def om_bundle(tiny_plain_bundle, tmp_path_factory):
     out = tmp_path_factory.mktemp("om") / "tiny-om"
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
-        om = convert_bundle(tiny_plain_bundle, "Ascend910B2", out, log=lambda *_: None)
+        out, om = cached_conversion("om-tiny-default", tiny_plain_bundle, out, soc="Ascend910B2")
     assert om["compiled"]
     return out
 

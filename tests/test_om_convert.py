@@ -28,6 +28,8 @@ from sam3track.bundle import Bundle
 from sam3track.testing import fake_atc
 from sam3track.testing.fake_atc import install_fake_atc, read_fake_om
 
+from .export_cache import cached_conversion
+
 ARCH = platform.machine()
 GEARS = {"memories": (4, 10)}  # with objects' 5 gears: propagation_decoder becomes dynamic_dims, 10 profiles
 
@@ -44,9 +46,9 @@ def converted(tiny_plain_bundle, fake_bin, tmp_path_factory) -> tuple[Path, dict
     out = tmp_path_factory.mktemp("om") / "tiny-om"
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("PATH", f"{fake_bin}{os.pathsep}{os.environ['PATH']}")
-        om = convert_bundle(tiny_plain_bundle, "Ascend910B2", out, gears=GEARS, shape_range=("memory_encoder",),
-                            precision={"backbone": "mixed_float16", "memory_encoder": "fp16"}, log=lambda *_: None)
-    return out, om
+        return cached_conversion("om-tiny-gears", tiny_plain_bundle, out, soc="Ascend910B2", gears=GEARS,
+                                 shape_range=("memory_encoder",),
+                                 precision={"backbone": "mixed_float16", "memory_encoder": "fp16"})
 
 
 # ------------------------------------------------------------------------------------------- conversion

@@ -34,6 +34,10 @@ from sam3track.bundle import Bundle
 from sam3track.testing.acl_emulator import install
 from sam3track.testing.fake_atc import read_fake_om
 
+from .export_cache import cached_conversion
+
+pytestmark = pytest.mark.slow  # the full tier: a SAM 3.1 bundle converted and every graph run on the emulator
+
 # images 1, 2: every graph gets two gears or more. Pool capacities below the defaults (checked on the
 # plan; the converter takes them from --gears like any other size) keep the decoder's runs short.
 CAPACITIES = {"memories": 4, "pointers": 6, "memory_rows": 9, "image_rows": 7, "pointer_rows": 11}
@@ -50,7 +54,7 @@ def bundles(sam31_plain_bundle, fake_atc_path, tmp_path_factory):
     out = tmp_path_factory.mktemp("sam31-om") / "plain-om"
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("PATH", fake_atc_path)
-        om = convert_bundle(plain, "Ascend910B2", out, gears=GEARS, log=lambda *_: None)
+        out, om = cached_conversion("om-sam31-gears", plain, out, soc="Ascend910B2", gears=GEARS)
     return plain, out, om
 
 
