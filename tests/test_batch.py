@@ -36,6 +36,8 @@ from sam3track.video import MaskVideoWriter, open_source, open_video  # noqa: E4
 
 from .conftest import HANG_SECONDS, communicate  # noqa: E402
 
+pytestmark = pytest.mark.slow  # the full tier: Ray clusters and CLI subprocesses
+
 ROOT = Path(__file__).resolve().parents[1]
 BIKES = ROOT / "examples" / "clips" / "bikes.mp4"
 FRAMES, WIDTH, HEIGHT = 6, 128, 72

@@ -11,6 +11,8 @@ from benchmarks.measure import ExclusiveTimer, count_overrides, patched
 from benchmarks.graph_speed import main as graph_speed_main
 from benchmarks.run import main
 
+pytestmark = pytest.mark.slow  # the full tier: the benchmark tools end to end
+
 
 def test_benchmark_tool_runs_at_tiny_size(tiny_bundle, tmp_path):
     import torch

@@ -36,6 +36,7 @@ def _bundle_files(bundle: Path) -> list[str]:
     return files
 
 
+@pytest.mark.slow
 def test_shipped_bundle_gives_the_outputs_of_a_fresh_export(tmp_path):
     """Regenerating with the documented command gives graphs that compute what the shipped ones do."""
     import onnxruntime as ort

@@ -45,6 +45,7 @@ def test_every_graph_matches_the_reference_at_every_size(tiny_bundle):
     assert {"N=3 binarize=1 via_image=1", "N=3 high_res_masks via_image=1"} <= encoder
 
 
+@pytest.mark.slow
 def test_interactive_single_mask_rows_when_the_mask_is_stable(tiny_bundle, tmp_path):
     """The seeded model's single-mask output is never stable (stability < 0.98), so the decoder always
     falls back to the best multimask mask and graphs.check sees only that path for multimask=0 rows.
@@ -129,6 +130,7 @@ def test_bf16_rounding_is_round_to_nearest_even_in_any_runtime(tiny_bundle):
     assert np.array_equal(got_ort, want) and np.array_equal(got_ov, want)
 
 
+@pytest.mark.slow
 def test_tiny_export_is_deterministic(tiny_bundle, tmp_path):
     again = export.export_bundle(None, tmp_path / "again", tiny_seed=0, log=lambda *_: None)
     a = json.loads((tiny_bundle / "manifest.json").read_text())["source"]["weights_sha256"]
@@ -197,6 +199,7 @@ def test_existing_bundle_is_kept_without_overwrite(tiny_bundle):
         export.export_bundle(None, tiny_bundle, tiny_seed=0, log=lambda *_: None)
 
 
+@pytest.mark.slow
 def test_fp16_graphs_export_and_stay_close(tiny_bundle, tmp_path):
     out = export.export_bundle(Path(tiny_bundle) / "source", tmp_path / "half",
                                fp16=("memory_encoder", "mask_init", "propagation_decoder"), log=lambda *_: None)
@@ -222,6 +225,7 @@ def test_check_rows_print_the_criterion_that_decides_them():
     assert not Row("g", "c", "o", float("inf"), float("inf"), 0.0, "FAIL shape (1,) != (2,)").ok
 
 
+@pytest.mark.slow
 def test_int8_graphs_export_and_stay_close(tiny_bundle, tmp_path):
     """--int8: weight MatMuls become dynamically quantised (int8 weights), inputs and outputs keep
     float32, and graphs.check holds them to the int8 bound (their real cost is measured end to end)."""

@@ -53,6 +53,8 @@ from .test_parity import synthetic_frames
 
 import torch  # noqa: E402,F401  (the reference must be there: fail, never skip)
 
+pytestmark = pytest.mark.slow  # the full tier: clicks and boxes against transformers' tracker
+
 IOU_MEAN, IOU_MIN = 0.99, 0.95
 SCORE_TOL = 1e-3
 

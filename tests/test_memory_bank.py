@@ -194,6 +194,7 @@ def test_streams_keep_what_can_still_be_selected_and_cap_conditioning_frames(bac
     assert bank.pointers.used == len(held["pointers"]) == 5 + 15
 
 
+@pytest.mark.slow
 def test_forward_backward_forward_on_a_session_keeps_conditioning_intact(tiny_bundle):
     """Three propagate() calls over 90 frames with reconditioning: no error, no conditioning frame lost,
     the conditioning memories still on the device afterwards."""

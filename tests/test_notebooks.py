@@ -6,6 +6,8 @@ import pytest
 
 from .conftest import REPO
 
+pytestmark = pytest.mark.slow  # the full tier: the notebooks executed in a kernel
+
 NOTEBOOKS = sorted((REPO / "examples" / "notebooks").glob("*.ipynb"))
 
 

@@ -520,6 +520,7 @@ def _both_backends(case, tiny_bundle, bikes_frames):
     return _RUNS[case]["onnxruntime"], _RUNS[case]["openvino"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", list(PARITY_CASES))
 def test_openvino_fp32_finds_the_same_objects_as_onnxruntime(case, tiny_bundle, bikes_frames):
     ort_run, ov_run = _both_backends(case, tiny_bundle, bikes_frames)
@@ -543,6 +544,7 @@ def _masks_case(c):
     return c
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", [_masks_case(c) for c in PARITY_CASES])
 def test_openvino_fp32_masks_match_onnxruntime(case, tiny_bundle, bikes_frames):
     """Every object-frame's mask IoU >= 0.999 against ONNX Runtime (the issue's bar)."""
@@ -563,6 +565,7 @@ STATIC_STREAM_ROUNDING = ("one pixel of a 140-pixel mask flips at logit 0 (fp32 
                           "fusions), IoU 0.9929 < 0.999; see the comment above")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["forward", pytest.param("stream", marks=rounding_xfail(
     STATIC_STREAM_ROUNDING, diverges_on=AVX512))])  # on an AVX2 CPU the pixel does not flip
 def test_static_shapes_track_the_clip_as_onnxruntime(mode, tiny_bundle, bikes_frames):
@@ -585,6 +588,8 @@ def test_static_shapes_track_the_clip_as_onnxruntime(mode, tiny_bundle, bikes_fr
     assert same == len(ort_run) == len(ov_run) and ious
     assert min(ious) >= 0.999, (np.mean(ious), min(ious))
 
+
+@pytest.mark.slow
 def test_parity_with_transformers_through_openvino(tiny_bundle, bikes_frames):
     """The main real-clip parity test (tests/test_parity.py), with sam3track on OpenVINO fp32."""
     from .test_parity import assert_parity

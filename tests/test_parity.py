@@ -29,6 +29,8 @@ from .conftest import CLIPS, rounding_xfail
 # The reference must be there: without torch this import fails and the run fails, never skips.
 from .reference_video import BOTH_START, REPROPAGATION, reference_run
 
+pytestmark = pytest.mark.slow  # the full tier: SAM 3 text tracking against transformers, frame by frame
+
 
 def _iou(a, b):
     union = (a | b).sum()

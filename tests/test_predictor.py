@@ -109,6 +109,7 @@ def test_no_feature_map_or_memory_crosses_to_the_host(tiny_bundle, frames):
         assert max_objects > 1
 
 
+@pytest.mark.slow
 def test_memory_stays_bounded_on_a_long_run(tiny_bundle):
     """Per object: conditioning frames within the cap, spatial memory only for those and the recent
     window, pointers only for those and the pointer window; the pools hold exactly that."""
@@ -278,6 +279,7 @@ def _stream_and_offline(tiny_bundle, frames):
         return a, b, births
 
 
+@pytest.mark.slow
 def test_streaming_equals_offline_where_the_reference_allows(tiny_bundle, frames):
     """Without hotstart (which needs future frames), track() and propagate() agree once the object
     pointers are normalised alike: the reference normalises by min(frames seen, 16) when streaming and

@@ -23,6 +23,8 @@ from graphs.sam31 import detector, meta_runs
 from graphs.sam31 import export as sam31_export
 from graphs.sam31 import tokenizer as tok31
 
+pytestmark = pytest.mark.slow  # the full tier: SAM 3.1 graphs against Meta's module dumps
+
 
 @pytest.fixture(scope="module")
 def bundle(sam31_bundle):

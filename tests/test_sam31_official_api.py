@@ -15,6 +15,8 @@ from graphs import sam31_reference as ref
 
 from .test_sam31_runtime import IOU_MEAN, IOU_MIN, SCORE_TOL, _frames, bundle  # noqa: F401 (fixture)
 
+pytestmark = pytest.mark.slow  # the full tier: Meta's requests through the official API
+
 
 def _png_folder(frames: np.ndarray, folder):
     from PIL import Image

@@ -20,6 +20,8 @@ from graphs import sam31_reference as ref
 
 from .conftest import CLIPS, REPO, sam31_reference_or_skip
 
+pytestmark = pytest.mark.slow  # the full tier: Meta's SAM 3.1 reference harness (a live rerun included)
+
 SCENARIOS = ("text_one_bucket", "text_two_buckets", "text_cap16", "confirmation_gating", "hotstart_removal",
              "births_after_frame0", "clicks", "remove_object", "forward_backward")
 

@@ -15,6 +15,8 @@ from sam3track.video import open_video
 
 from .conftest import CLIPS
 
+pytestmark = pytest.mark.slow  # the full tier: gear mode against unplanned calls over whole clips
+
 MODES = ("forward", "backward", "both", "stream")
 BOTH_START = 12
 PROMPTS = ["person", "bike"]
