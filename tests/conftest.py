@@ -17,10 +17,10 @@ CLIPS = REPO / "examples" / "clips"
 HANG_SECONDS = 600
 
 
-def communicate(proc: subprocess.Popen, what: str, input: str | None = None) -> tuple[str, str]:
+def communicate(proc: subprocess.Popen, what: str) -> tuple[str, str]:
     """``proc.communicate()`` that, past HANG_SECONDS, kills the child and fails naming the hang."""
     try:
-        return proc.communicate(input, timeout=HANG_SECONDS)
+        return proc.communicate(timeout=HANG_SECONDS)
     except subprocess.TimeoutExpired:
         proc.kill()
         _, err = proc.communicate()

@@ -83,28 +83,23 @@ class _Packed:
         return np.unpackbits(self.bits, count=int(np.prod(self.shape))).reshape(self.shape).astype(bool)
 
 
-def _pack(obj):
-    if isinstance(obj, np.ndarray) and obj.dtype == bool:
-        return _Packed(obj)
+def _map(obj, leaf):
+    """``obj`` with ``leaf`` applied to every value inside its lists, tuples, dicts and dataclasses."""
     if isinstance(obj, (list, tuple)):
-        return type(obj)(_pack(v) for v in obj)
+        return type(obj)(_map(v, leaf) for v in obj)
     if isinstance(obj, dict):
-        return {k: _pack(v) for k, v in obj.items()}
+        return {k: _map(v, leaf) for k, v in obj.items()}
     if hasattr(obj, "__dataclass_fields__"):
-        return type(obj)(**{f: _pack(getattr(obj, f)) for f in obj.__dataclass_fields__})
-    return obj
+        return type(obj)(**{f: _map(getattr(obj, f), leaf) for f in obj.__dataclass_fields__})
+    return leaf(obj)
+
+
+def _pack(obj):
+    return _map(obj, lambda v: _Packed(v) if isinstance(v, np.ndarray) and v.dtype == bool else v)
 
 
 def _unpack(obj):
-    if isinstance(obj, _Packed):
-        return obj.unpack()
-    if isinstance(obj, (list, tuple)):
-        return type(obj)(_unpack(v) for v in obj)
-    if isinstance(obj, dict):
-        return {k: _unpack(v) for k, v in obj.items()}
-    if hasattr(obj, "__dataclass_fields__"):
-        return type(obj)(**{f: _unpack(getattr(obj, f)) for f in obj.__dataclass_fields__})
-    return obj
+    return _map(obj, lambda v: v.unpack() if isinstance(v, _Packed) else v)
 
 
 def cached_run(kind: str, bundle: Path, arrays: dict[str, np.ndarray], params: dict, compute: Callable[[], Any]):

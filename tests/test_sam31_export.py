@@ -388,8 +388,8 @@ def test_box_grounding_head_runs_on_openvino(bundle, sam31_reference):
                  box_labels=np.ascontiguousarray(z["in/box_labels"].T.astype(np.int32)),
                  box_valid=(~z["in/box_mask"]).astype(np.int32))
     # f32 stated: OpenVINO's default is bf16 on CPUs with AVX512-BF16 or AMX (1e-2 off, not a RoiAlign fault)
-    model = shared_core().compile_model(str(bundle / "box_grounding_head.onnx"), "CPU",
-                                        {"INFERENCE_PRECISION_HINT": "f32"})
+    path = str(bundle / "box_grounding_head.onnx")
+    model = shared_core().compile_model(path, "CPU", {"INFERENCE_PRECISION_HINT": "f32"})
     out = {o.get_any_name(): v for o, v in model(feeds).items()}
     ref = {"pred_logits": z["out.pred_logits"][..., 0], "presence_logits": z["out.presence_logit_dec"],
            "pred_boxes": z["out.pred_boxes_xyxy"], "pred_masks": z["out.pred_masks"]}
