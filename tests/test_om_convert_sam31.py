@@ -45,6 +45,7 @@ GEARS = {"images": (1, 2), **{a: (n,) for a, n in CAPACITIES.items()}}
 BATCH_AXES = ("buckets", "objects", "prompts", "images")
 ENTRY_AXES = ("memories", "pointers", "boxes")  # padded with zeros: their *_valid input masks them out
 POOL_AXES = ("memory_rows", "image_rows", "pointer_rows")
+GRID = 16  # the backbone grid of Meta's small config (reference/sam31/shim.py SMALL: 224 px / 14)
 
 
 @pytest.fixture(scope="module")
@@ -89,19 +90,19 @@ def test_the_tracker_graphs_gear_over_buckets_with_the_pools_at_capacity(bundles
     default = make_plans(manifest)["propagation_decoder"]
     assert default.axes == {"buckets": (1, 2, 4), **{a: (n,) for a, n in caps.items()}}
     assert default.batch_sizes == (1, 2, 4)
-    assert "memory_pool:61,1024,256" in default.input_shape_arg() and "pointer_valid:-1,19" in default.input_shape_arg()
+    assert f"memory_pool:61,{GRID ** 2},256" in default.input_shape_arg() and "pointer_valid:-1,19" in default.input_shape_arg()
 
     dec = om["graphs"]["propagation_decoder"]  # converted with CAPACITIES from --gears
     assert dec["axes"] == {"buckets": [1, 2, 4], **{a: [n] for a, n in CAPACITIES.items()}}
     assert dec["profiles"] == [[1], [2], [4]] and "--dynamic_batch_size=1,2,4" in dec["atc_command"]
     shape = next(a for a in dec["atc_command"] if a.startswith("--input_shape="))
-    assert "memory_pool:9,1024,256" in shape and "memory_index:-1,4" in shape and "pointer_valid:-1,6" in shape
+    assert f"memory_pool:9,{GRID ** 2},256" in shape and "memory_index:-1,4" in shape and "pointer_valid:-1,6" in shape
     assert "padded with memory_valid / pointer_valid 0" in dec["notes"][0]
 
     enc = om["graphs"]["memory_encoder"]
-    assert enc["axes"] == {"buckets": [1, 2, 4], "mask_side": [448, 512]}  # 14F and 16F at F = 32
+    assert enc["axes"] == {"buckets": [1, 2, 4], "mask_side": [14 * GRID, 16 * GRID]}
     # one value per -1: mask_logits' buckets and two mask sides, then buckets for three more inputs
-    assert enc["profiles"] == [[b, s, s, b, b, b] for b in (1, 2, 4) for s in (448, 512)]
+    assert enc["profiles"] == [[b, s, s, b, b, b] for b in (1, 2, 4) for s in (14 * GRID, 16 * GRID)]
     assert om["graphs"]["mask_init"]["axes"] == {"objects": [1, 2, 4, 8, 16]}
     inter = om["graphs"]["interactive_decoder"]
     assert inter["axes"] == {"objects": [1, 2, 4], "points": [1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 16]}
@@ -168,8 +169,8 @@ CASES = [
     ("propagation_decoder", {"buckets": 1, **CAPACITIES}),  # every compiled size used
     ("propagation_decoder", {"buckets": 3, "memories": 3, "pointers": 5, "memory_rows": 7, "image_rows": 4,
                              "pointer_rows": 6}),  # buckets 3 -> 4; entries and pools padded to capacity
-    ("memory_encoder", {"buckets": 1, "mask_side": 512}),
-    ("memory_encoder", {"buckets": 3, "mask_side": 448}),  # padded to 4
+    ("memory_encoder", {"buckets": 1, "mask_side": 16 * GRID}),
+    ("memory_encoder", {"buckets": 3, "mask_side": 14 * GRID}),  # padded to 4
     ("interactive_decoder", {"objects": 1, "points": 2}),
     ("interactive_decoder", {"objects": 3, "points": 5}),  # padded to 4 objects
     ("mask_init", {"objects": 1}),

@@ -1,7 +1,9 @@
 """SAM 3.1 sessions on backend="acl" (the strict pyacl emulator): the tiny SAM 3.1 bundle converted by
 om.convert with its default plan (fake atc on PATH: buckets at gears 1, 2, 4, memory / pointer entries
 fixed at Meta's most, pools fixed at 64 objects' rows) tracks what ONNX Runtime on the plain bundle
-tracks, over more frames than the fixed pools could hold without eviction.
+tracks, over more frames than the fixed pools could hold without eviction: the same ids, probabilities
+and masks (per-mask IoU without ties: pixels where a logit on ONNX Runtime is within 1e-3 of 0, which
+the padded batches of the OM gears may threshold the other way).
 
 Thresholds and the object cap are those of Meta's recorded text_two_buckets scenario (two buckets on
 frame 0), run here over 32 frames of the same clip: both tests read one run of each backend.
@@ -9,6 +11,7 @@ frame 0), run here over 32 frames of the same clip: both tests read one run of e
 
 from __future__ import annotations
 
+import contextlib
 
 import numpy as np
 import pytest
@@ -22,6 +25,7 @@ from .export_cache import cached_conversion
 
 pytestmark = pytest.mark.slow  # the full tier: SAM 3.1 on the acl emulator over 32 frames against ONNX Runtime
 
+TIE = 1e-3  # tests/reference_video.py's: a logit this close to 0 may threshold either way
 FRAMES = 32  # 2 buckets x 32 frames > the 60 memory rows compiled: the pools must evict to keep up
 
 
@@ -48,6 +52,31 @@ def scenario(sam31_reference):
     return doc["text"], options, frames
 
 
+@contextlib.contextmanager
+def recording_ties():
+    """{frame: bool [H, W]} filled while active: the pixels where some object's video-resolution logit
+    (the bilinear resize of Meta's build_outputs, recomputed from the same inputs) is within TIE of 0,
+    so that either backend may threshold it either way. (A prompt frame's new masks also pass through
+    Meta's add_new_masks thresholds at 16F, whose ties this does not see.)"""
+    from sam3track.families.sam31 import tracker as trk
+
+    ties, original = {}, trk.Sam31Tracker.outputs
+
+    def outputs(self, frame, det, tracked, plan):
+        h, w = self.video_hw
+        near = np.zeros((h, w), bool)
+        for logits in (plan.track_masks if tracked.obj_ids.size else None,
+                       det.masks[plan.new_inds] if plan.new_ids.size else None):
+            if logits is not None:
+                near |= (np.abs(trk.bilinear(logits, h, w)) < TIE).any(0)
+        ties[frame] = near
+        return original(self, frame, det, tracked, plan)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(trk.Sam31Tracker, "outputs", outputs)
+        yield ties
+
+
 def _track(bundle, text, options, frames, boxes=None, on_frame=None, **load):
     """(results, graph call counts, the tracker's memory); ``on_frame(session)`` after each frame."""
     predictor = sam3track.load(bundle, **options, **load)
@@ -71,7 +100,8 @@ def runs(bundles, scenario):
     for the tests below; on acl, per frame: (rows used in the memory pool, buckets)."""
     plain, om = bundles
     text, options, frames = scenario
-    want, _, grown = _track(plain, text, options, frames)
+    with recording_ties() as ties:
+        want, _, grown = _track(plain, text, options, frames)
     usage = []
 
     def record(session):
@@ -82,29 +112,38 @@ def runs(bundles, scenario):
         got, calls, fixed = _track(om, text, options, frames, on_frame=record, backend="acl", device="npu:0")
         stats = emu.stats
         assert stats.live_allocations == 0 and not stats.leaks
-    return want, grown, got, calls, fixed, usage
+    return want, grown, got, calls, fixed, usage, ties
 
 
-def _assert_same(want, got):
-    ious, score_diff = [], 0.0
+def _iou(m, n):
+    union = (m | n).sum()
+    return 1.0 if union == 0 else (m & n).sum() / union
+
+
+def _assert_same(want, got, ties):
+    """Same ids; mask IoU mean >= 0.99 and, without the tie pixels of ``want``'s run (``ties``), min
+    >= 0.95 (tests/test_parity.py's bounds); tracker probabilities within 1e-3."""
+    ious, solid_ious, score_diff = [], [], 0.0
     for a, b in zip(want, got):
         assert a.frame_index == b.frame_index
         assert a.object_ids.tolist() == b.object_ids.tolist(), a.frame_index
+        tie = ties[a.frame_index]
         for m, n in zip(a.masks, b.masks):
-            union = (m | n).sum()
-            ious.append(1.0 if union == 0 else (m & n).sum() / union)
+            ious.append(_iou(m, n))
+            solid_ious.append(_iou(m & ~tie, n & ~tie))
         if a.object_ids.size:
             score_diff = max(score_diff, float(np.abs(a.tracker_probs - b.tracker_probs).max()))
-    assert np.mean(ious) >= 0.99 and min(ious) >= 0.95 and score_diff <= 1e-3, (np.mean(ious), min(ious), score_diff)
+    stats = (np.mean(ious), min(ious), min(solid_ious), score_diff)
+    assert np.mean(ious) >= 0.99 and min(solid_ious) >= 0.95 and score_diff <= 1e-3, stats
 
 
 def test_text_tracking_on_acl_matches_onnxruntime(runs):
     """Every frame, those after the pools began to evict included (next test)."""
-    want, grown, got, calls, fixed, _ = runs
+    want, grown, got, calls, fixed, _, ties = runs
     assert grown.fixed is None and fixed.fixed == {"memory_rows": 61, "image_rows": 61, "pointer_rows": 97}
     assert len(got) == len(want) == FRAMES + 1
     assert max(a.object_ids.size for a in want) > 16  # two buckets or more
-    _assert_same(want, got)
+    _assert_same(want, got, ties)
     # one propagation call per frame (every bucket at one gear), frame 0 reused
     assert calls["propagation_decoder"] == FRAMES - 1
 
@@ -117,18 +156,19 @@ def test_a_box_prompt_on_acl_is_padded_to_a_box_gear_and_matches_onnxruntime(bun
     frames = frames[:4]
     h, w = frames.shape[1:3]
     boxes = [[0.1 * w, 0.2 * h, 0.5 * w, 0.9 * h], [0.4 * w, 0.1 * h, 0.9 * w, 0.6 * h], [0, 0, 0.3 * w, 0.3 * h]]
-    want, _, _ = _track(plain, text, options, frames, boxes=boxes)
+    with recording_ties() as ties:
+        want, _, _ = _track(plain, text, options, frames, boxes=boxes)
     with install() as emu:
         got, calls, _ = _track(om, text, options, frames, boxes=boxes, backend="acl", device="npu:0")
         assert emu.stats.live_allocations == 0 and not emu.stats.leaks
     assert _track.box_gear == 4 and calls["box_grounding_head"] == 1 and want[0].object_ids.size > 0
-    _assert_same(want, got)
+    _assert_same(want, got, ties)
 
 
 def test_fixed_pools_evict_what_the_next_frame_cannot_read(runs):
     """Without eviction FRAMES frames of 2+ buckets need more memory rows than the 60 compiled; with it a
     forward pass holds per bucket the conditioning frame and the 6 frames the next frame reads."""
-    *_, usage = runs
+    *_, usage, _ = runs
     assert len(usage) == FRAMES  # every propagated frame, frame 0 (reused) included
     for frame, (used, buckets, _) in enumerate(usage):
         assert used <= buckets * 8, frame  # cond + 6 recent + this frame

@@ -47,13 +47,14 @@ def test_every_graph_matches_meta_and_batches(bundle, capsys):
     assert rc == 0, printed
     assert "Meta reference: skipped" not in printed
     # every graph was held against Meta's outputs at every dumped batch size, and batched against 1-by-1
-    for case in ("text_encoder  Meta B=3", "backbone  Meta T=2", "backbone  Meta frames I=4 rounded rows",
+    for case in ("text_encoder  Meta B=3", "backbone  Meta T=2", "backbone  Meta 2x2 windows",
+                 "backbone  Meta frames I=4 rounded rows",
                  "interactive_neck  Meta frames I=4 rounded rows", "grounding_head  Meta T=2 P=1",
                  "grounding_head  I=3 P=1 graph vs 1-by-1", "box_grounding_head  Meta T2_K3",
                  "box_grounding_head  I=3 P=3 K=4 graph vs 1-by-1", "box_grounding_head  K=2 padded to 4 vs K=2",
                  # the tracker: Meta's composite steps (one and two buckets, a hole, reverse), padding, batching
                  "propagation_decoder  B2_hole", "propagation_decoder  +padding", "propagation_decoder  B=5 vs 1 each",
-                 "memory_encoder  H16F_B2", "memory_encoder  junk in empty slots", "memory_encoder  side 512",
+                 "memory_encoder  H16F_B2", "memory_encoder  junk in empty slots", "memory_encoder  side 256",
                  "interactive_decoder  n2_clicks_mask", "interactive_decoder  N=5 vs 1 each",
                  "mask_init  n4", "mask_init  N=5 vs 1 each"):
         graph, what = case.split("  ")

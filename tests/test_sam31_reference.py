@@ -92,7 +92,7 @@ def test_checkpoint_is_metas_layout_and_loads_with_plain_torch(sam31_reference):
     v = info["verification"]
     assert v["ok"] and v["identical_outputs"] and not v["loader_reported_missing"]
     cfg = json.loads((sam31_reference.checkpoint_dir / "small_config.json").read_text())
-    assert cfg["image_size"] == 448 and cfg["derived"]["multiplex_count"] == 16
+    assert cfg["image_size"] == 224 and cfg["derived"]["multiplex_count"] == 16
     assert sd["detector.backbone.vision_backbone.trunk.patch_embed.proj.weight"].shape == (
         cfg["vit_embed_dim"], 3, 14, 14)
     assert (sam31_reference.checkpoint_dir / "bpe_simple_vocab_16e6.txt.gz").stat().st_size > 1_000_000
@@ -189,7 +189,8 @@ def test_module_dumps_agree_with_the_checkpoint_in_this_env(sam31_reference):
     import torch.nn.functional as F
 
     folder = sam31_reference.modules()
-    index = json.loads((folder / "index.json").read_text())["cases"]
+    dumped = json.loads((folder / "index.json").read_text())
+    index, grid = dumped["cases"], dumped["config"]["image_size"] // 14
     sd = torch.load(sam31_reference.checkpoint, map_location="cpu", weights_only=True)
 
     case = index["obj_ptr_proj_N16"]
@@ -207,5 +208,5 @@ def test_module_dumps_agree_with_the_checkpoint_in_this_env(sam31_reference):
         x, want = torch.from_numpy(z["in/trunk_features"]), z["out"]
     y = F.conv2d(x, w["conv_1x1.weight"], w["conv_1x1.bias"])
     y = F.conv2d(y, w["conv_3x3.weight"], w["conv_3x3.bias"], padding=1)
-    assert want.shape == (1, 256, 32, 32)
+    assert want.shape == (1, 256, grid, grid)
     np.testing.assert_allclose(y.numpy(), want, rtol=1e-4, atol=1e-4)

@@ -272,15 +272,6 @@ def test_clicks_refining_an_object_match_meta(clicks_replay):
     assert_same_states(session, doc, after_removal=True)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "two single pixels differ from Meta's after the refinement: one on frame 6 (after_click_refine) that "
-    "Meta gives to object 6 and sam3track to object 0 (object 6's 12-pixel mask: IoU 0.917 < the 0.95 "
-    "min; object 0: 0.977), one of object 0 on frame 2 (after_click_refine_more, IoU 0.979); each where "
-    "object 0's bilinear video-resolution logit is within 5e-5 of 0 "
-    "(Meta -2.4e-5 / -1.1e-5, ours +4.2e-5 / +2.7e-5). The refined object's stored state matches Meta's "
-    "dumped one to float32 drift (mask logits 2.4e-4, score logits 3.3e-6, pointers 1.4e-5), so this is "
-    "numerics on random-weight masks of a few pixels, not a rule difference; diagnosed with an "
-    "instrumented run of reference/sam31/run_scenarios.py that saved Meta's per-frame outputs"))
 def test_clicks_refining_an_object_min_iou(clicks_replay):
     _, pairs, _ = clicks_replay
     stats = parity(pairs)

@@ -78,6 +78,9 @@ def flatten(prefix: str, x, arrays: dict, values: dict, seen: dict) -> None:
     values[prefix] = common.jsonable(x)
 
 
+WINDOWS_2X2_IMAGE = 448
+
+
 class Dumper:
     def __init__(self, out: Path):
         self.out = out
@@ -136,7 +139,7 @@ class Dumper:
 
 
 # ------------------------------------------------------------------------------------------ cases
-def run(pred, out: Path, seed: int) -> Dumper:
+def run(pred, out: Path, seed: int, config: dict) -> Dumper:
     m = pred.model
     det = m.detector
     trk = m.tracker.model
@@ -161,6 +164,17 @@ def run(pred, out: Path, seed: int) -> Dumper:
                {"images": img}, lambda images: vb.trunk(images))
         with torch.inference_mode():
             trunk_out[T] = (img, vb.trunk(img)[-1])
+    # the trunk at 448 px on the same weights (Meta's ViT built alone, its RoPE tables made for that size):
+    # grid 32 padded to 48, 2x2 windows. The small image is one window; the full model's 72 is 3x3.
+    wide = shim.vit_trunk(config, WINDOWS_2X2_IMAGE).eval()
+    missing, unexpected = wide.load_state_dict(
+        {k: v for k, v in vb.trunk.state_dict().items() if "freqs_cis" not in k}, strict=False)
+    if unexpected or any("freqs_cis" not in k for k in missing):
+        raise RuntimeError(f"the trunk's weights do not fit a {WINDOWS_2X2_IMAGE} px ViT: {missing} {unexpected}")
+    S2 = WINDOWS_2X2_IMAGE
+    D.case("vit_trunk_windows2x2", "detector.backbone.vision_backbone.trunk (weights) in a 448 px ViT",
+           "vit_trunk(config, 448)(images) -> [features]",
+           {"images": (torch.rand(1, 3, S2, S2, generator=g) * 2 - 1).half().float()}, lambda images: wide(images))
     # necks: every head and level at T=1; the detector head also at T=2 (level 0 alone is 16 MB a frame)
     for T, heads in ((1, ("convs", "interactive_convs", "propagation_convs")), (2, ("convs",))):
         x = trunk_out[T][1]
@@ -617,7 +631,7 @@ def main(argv=None) -> int:
     pred = shim.build_predictor(config=config, checkpoint_path=str(a.checkpoint))
     pred.model.eval()
     a.out.mkdir(parents=True, exist_ok=True)
-    D = run(pred, a.out, a.seed)
+    D = run(pred, a.out, a.seed, config)
     common.write_json(a.out / "index.json", {
         "checkpoint": str(a.checkpoint), "config": config, "numerics": numerics, "seed": a.seed,
         "facts": common.run_facts(a.threads), "total_s": round(time.time() - t0, 2), "cases": D.index})

@@ -98,11 +98,11 @@ from torch.overrides import TorchFunctionMode  # noqa: E402
 # (tri-neck scales [4,2,1], multiplex_count 16, decoupled 8-head RoPE memory attention, num_maskmem 7,
 # d_model 256 downstream of the trunk, 200 DETR queries, text context 32 and vocab 49408).
 SMALL = dict(
-    image_size=448,          # 1008  -> backbone grid 32x32 (72x72); stride 14 unchanged
+    image_size=224,          # 1008  -> backbone grid 16x16 (72x72); stride 14 unchanged
     vit_embed_dim=256,       # 1024
     vit_num_heads=4,         # 16    (head dim 64 kept)
     vit_depth=2,             # 32
-    vit_global_blocks=[1],   # (7, 15, 23, 31); block 0 windowed (24, 32 padded to 48), block 1 global
+    vit_global_blocks=[1],   # (7, 15, 23, 31); block 0 windowed (24, 16 padded to 24), block 1 global
     text_width=256,          # 1024
     text_heads=4,            # 16
     text_layers=2,           # 24
@@ -364,6 +364,23 @@ def check_config(cfg: dict) -> dict:
     return cfg
 
 
+def vit_trunk(cfg: dict, image_size: int, compile_mode=None, use_fa3=False, use_rope_real=False):
+    """Meta's ViT with Meta's arguments (model_builder.py:77-107) except the configured sizes; also built
+    alone at a larger image_size by dump_modules.py, for a trunk of several windows."""
+    from sam3.model.vitdet import ViT
+
+    return ViT(
+        img_size=image_size, pretrain_img_size=336, patch_size=14,
+        embed_dim=cfg["vit_embed_dim"], depth=cfg["vit_depth"], num_heads=cfg["vit_num_heads"],
+        mlp_ratio=4.625, norm_layer="LayerNorm", drop_path_rate=0.1, qkv_bias=True,
+        use_abs_pos=True, tile_abs_pos=True, global_att_blocks=tuple(cfg["vit_global_blocks"]),
+        rel_pos_blocks=(), use_rope=True, use_interp_rope=True, window_size=24,
+        pretrain_use_cls_token=True, retain_cls_token=False, ln_pre=True, ln_post=False,
+        return_interm_layers=False, bias_patch_embed=False, compile_mode=compile_mode,
+        use_fa3=use_fa3, use_rope_real=use_rope_real,
+    )
+
+
 def _apply_config(cfg: dict) -> None:
     """Replace the builder's private factories so Meta's builders make the configured sizes."""
     global _APPLIED_CONFIG
@@ -376,23 +393,12 @@ def _apply_config(cfg: dict) -> None:
     from sam3.model.text_encoder_ve import VETextEncoder
     from sam3.model.tokenizer_ve import SimpleTokenizer
     from sam3.model.video_tracking_multiplex_demo import Sam3VideoTrackingMultiplexDemo
-    from sam3.model.vitdet import ViT
 
     S = cfg["image_size"]
     F = S // 14
 
     def _create_vit_backbone(compile_mode=None, use_fa3=False, use_rope_real=False):
-        # Meta's arguments (model_builder.py:77-107) except the configured sizes
-        return ViT(
-            img_size=S, pretrain_img_size=336, patch_size=14,
-            embed_dim=cfg["vit_embed_dim"], depth=cfg["vit_depth"], num_heads=cfg["vit_num_heads"],
-            mlp_ratio=4.625, norm_layer="LayerNorm", drop_path_rate=0.1, qkv_bias=True,
-            use_abs_pos=True, tile_abs_pos=True, global_att_blocks=tuple(cfg["vit_global_blocks"]),
-            rel_pos_blocks=(), use_rope=True, use_interp_rope=True, window_size=24,
-            pretrain_use_cls_token=True, retain_cls_token=False, ln_pre=True, ln_post=False,
-            return_interm_layers=False, bias_patch_embed=False, compile_mode=compile_mode,
-            use_fa3=use_fa3, use_rope_real=use_rope_real,
-        )
+        return vit_trunk(cfg, S, compile_mode=compile_mode, use_fa3=use_fa3, use_rope_real=use_rope_real)
 
     def _create_text_encoder(bpe_path):
         return VETextEncoder(tokenizer=SimpleTokenizer(bpe_path=bpe_path), d_model=256,
