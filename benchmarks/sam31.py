@@ -6,7 +6,7 @@
 Three sides on the same frames of one clip and the same text prompt, at each object count N:
 - ``ours 3.1``: the seeded small SAM 3.1 checkpoint of the reference harness (``graphs.export --family
   sam3.1 --tiny``), objects in buckets of 16, one propagation call per frame for all buckets;
-- ``ours 3.0``: SAM 3 at the same small config (``graphs.export --preset small``: 448 px, ViT 256 x 2,
+- ``ours 3.0``: SAM 3 at the same small config (``graphs.export --preset small``: 224 px, ViT 256 x 2,
   text 2 layers, DETR 2 + 2, the real tracker widths), one propagation call for all objects;
 - ``Meta 3.1``: Meta's predictor in its reference environment (reference/sam31/time_predictor.py, one
   subprocess per repetition, so repetitions interleave with ours: ours 3.1, ours 3.0, Meta, ...).
@@ -65,6 +65,11 @@ def bundles(cache: Path, log=print) -> dict[str, Path]:
             log(f"exporting {side} to {path}")
             if export([*args[side], "--out", str(path), "--overwrite"]) != 0:
                 raise SystemExit(f"error: exporting {side} failed")
+    sizes = {side: json.loads((path / "manifest.json").read_text())["preprocessing"]["image_size"]
+             for side, path in out.items()}
+    if len(set(sizes.values())) != 1:  # a cache exported before one of the two configs changed
+        raise SystemExit(f"error: the cached bundles in {cache} are of different image sizes ({sizes}); "
+                         f"delete {out['ours 3.1']} and {out['ours 3.0']} to export both again")
     return out
 
 

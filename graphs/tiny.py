@@ -17,7 +17,7 @@ Two presets share everything but their widths and depths:
   head count, query count and memory setting is the default ``Sam3VideoConfig``'s (the real model's);
   only the image (504 px, a 36 x 36 grid), the ViT depth (4 layers, the last one global, window 18) and
   the text encoder depth (2) are cut, so a frame takes seconds on a CPU, not minutes.
-- ``small`` (``--preset small``): SAM 3 at the SAM 3.1 reference harness's small config (448 px, ViT
+- ``small`` (``--preset small``): SAM 3 at the SAM 3.1 reference harness's small config (224 px, ViT
   256 x 2, text 256 x 2, DETR 2 + 2, the real tracker), the SAM 3 side of the 3.0 vs 3.1 benchmark.
 """
 
@@ -71,7 +71,7 @@ DEMO = TinyPreset("demo", hidden=64, feed_forward=128, vit_hidden=32, vit_layers
 MID = TinyPreset("mid", hidden=256, feed_forward=2048, vit_hidden=1024, vit_layers=4, text_hidden=1024,
                  text_layers=2, detr_layers=6, memory_attention_layers=4)
 # SAM 3 at the sizes of the seeded SAM 3.1 checkpoint the SAM 3.1 reference harness builds
-# (reference/sam31/make_checkpoint.py: image 448, ViT 256 wide / 2 deep, text 256 wide / 2 layers, DETR
+# (reference/sam31/shim.py SMALL: image 224, ViT 256 wide / 2 deep, text 256 wide / 2 layers, DETR
 # 2 + 2 layers; every tracker width, head count and memory setting the real model's), so the SAM 3 and
 # SAM 3.1 paths can be measured on the same small config (benchmarks, issue 12).
 # Its score gain is 1: at SCORE_GAIN every query's class logit saturated and all 200 first-frame scores
@@ -81,13 +81,13 @@ SMALL = TinyPreset("small", hidden=256, feed_forward=2048, vit_hidden=256, vit_l
 PRESETS = {p.name: p for p in (TINY, DEMO, MID, SMALL)}
 MID_IMAGE_SIZE = 504  # 36 x 36 tokens; window 18 tiles it as the real model's 24 tiles 72
 MID_WINDOW = 18
-SMALL_IMAGE_SIZE = 448  # 32 x 32 tokens, as the SAM 3.1 small config
+SMALL_IMAGE_SIZE = 224  # 16 x 16 tokens, as the SAM 3.1 small config
 SMALL_VIT = dict(heads=4, mlp=1184, window=24, pretrain_grid=24)  # the SAM 3.1 small ViT's (mlp = 4.625 x width)
 
 
 def mid_config(preset: TinyPreset = MID):
     """The default (real) SAM 3 video config at 504 px with a 4-layer ViT and a 2-layer text encoder
-    (``preset`` SMALL: at 448 px with the SAM 3.1 small config's ViT, text encoder and DETR depths)."""
+    (``preset`` SMALL: at 224 px with the SAM 3.1 small config's ViT, text encoder and DETR depths)."""
     from transformers import Sam3VideoConfig
 
     cfg = Sam3VideoConfig()

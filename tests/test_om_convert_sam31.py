@@ -84,6 +84,7 @@ def test_every_graph_compiles_with_its_mode_and_the_family_is_recorded(bundles):
 def test_the_tracker_graphs_gear_over_buckets_with_the_pools_at_capacity(bundles):
     plain, out, om = bundles
     manifest = _manifest(plain)
+    assert manifest["config"]["geometry"]["grid"] == GRID  # the sizes the cases below are written for
     caps = sam31.capacities(manifest)
     # Meta's selection: 4 conditioning + 6 recent memories, 4 + 15 pointer frames; 4 buckets of 16 slots
     assert caps == {"memories": 10, "pointers": 19, "memory_rows": 61, "image_rows": 61, "pointer_rows": 97}

@@ -125,6 +125,16 @@ def test_sizes_come_from_the_tensors(sam31_reference, meta_state):
         ckpt.derive_sizes(meta_state, wrong)
 
 
+def test_the_tracker_checker_reads_the_grid_the_exporter_reads(meta_state):
+    """graphs.sam31.tracker_check without --image-size takes F from the RoPE tables as derive_sizes
+    does: at 224 px the windowed table (24^2 rows) is the larger one, the global one has F^2."""
+    from graphs.sam31 import tracker
+
+    assert tracker.grid_from_state_dict(meta_state) == ckpt.derive_sizes(meta_state).grid
+    assert ckpt.rope_sides([576, 256]) == (16, 24) and ckpt.rope_sides([576, 5184, 576]) == (72, 24)
+    assert ckpt.rope_sides([576]) == (24, 24) and ckpt.rope_sides([575]) is None
+
+
 def test_loading_is_strict_and_names_the_keys(meta_state):
     sizes = ckpt.derive_sizes(meta_state)
     model = ckpt.build_modules(sizes)

@@ -273,6 +273,10 @@ def test_clicks_refining_an_object_match_meta(clicks_replay):
 
 
 def test_clicks_refining_an_object_min_iou(clicks_replay):
+    """The per-mask IoU minimum of the clicks scenario, apart from the test above: at the 448 px config
+    it was a strict xfail (two pixels whose logits were within 5e-5 of 0 after the refinement went to
+    another object); at 224 px it holds on the CPU classes measured (AVX2). A class where it does not is
+    a conftest.rounding_xfail to add once measured there."""
     _, pairs, _ = clicks_replay
     stats = parity(pairs)
     assert stats["iou_min"] >= IOU_MIN, stats
@@ -529,10 +533,12 @@ def test_resizes_match_torch():
     from sam3track.families.sam31.resize import bilinear, bilinear_antialias
 
     rng = np.random.default_rng(0)
-    x = (rng.standard_normal((2, 128, 128)) * 8).astype(np.float32)
-    for h, w in ((448, 448), (512, 512), (272, 640), (144, 176)):
-        t = F.interpolate(torch.from_numpy(x)[:, None], size=(h, w), mode="bilinear", align_corners=False)[:, 0]
-        np.testing.assert_allclose(bilinear(x, h, w), t.numpy(), rtol=0, atol=1e-5)
+    # low-res masks (4F) to 14F, 16F and video sizes: F = 32 and the test config's F = 16
+    for side, sizes in ((128, ((448, 448), (512, 512), (272, 640), (144, 176))), (64, ((224, 224), (256, 256), (272, 640)))):
+        x = (rng.standard_normal((2, side, side)) * 8).astype(np.float32)
+        for h, w in sizes:
+            t = F.interpolate(torch.from_numpy(x)[:, None], size=(h, w), mode="bilinear", align_corners=False)[:, 0]
+            np.testing.assert_allclose(bilinear(x, h, w), t.numpy(), rtol=0, atol=1e-5)
     binary = (rng.random((19, 512, 512)) > 0.5).astype(np.float32)  # more planes than a chunk
     for h, w in ((272, 640), (272, 176)):  # bit for bit (so the > 0.5 edge is exact)
         t = F.interpolate(torch.from_numpy(binary)[:, None], size=(h, w), mode="bilinear", align_corners=False,
@@ -549,8 +555,9 @@ def test_resizes_match_torch():
     "(512 -> 272 rows, 512 -> 176 columns) but not for a height pass shrinking ~3.5x (512 -> 144 rows, "
     "8+ taps): about 1 in 4 values differ by an ulp (the width pass stays exact), and 1 pixel of 19 "
     "planes flips at the > 0.5 edge. Neither plain float32 adds nor one float64 accumulator match it "
-    "either: the kernel's order of operations for long vertical filters is not reproduced yet. Births "
-    "on clips 144 px high go through this resize (16F -> video); the parity scenarios pass"))
+    "either: the kernel's order of operations for long vertical filters is not reproduced yet. A birth's "
+    "mask goes through this resize from 16F to the video size (16F = 1152 at full size), so small videos "
+    "shrink it this much; the parity scenarios pass"))
 def test_antialiased_resize_is_exact_for_strong_vertical_shrinks():
     import torch
     import torch.nn.functional as F

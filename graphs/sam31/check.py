@@ -415,19 +415,24 @@ def _check_trunk_of_2x2_windows(c: Sam31Checker) -> None:
     """transformers' ViT (what the backbone graph exports) against Meta's on the same weights at 448 px:
     grid 32 padded to 48, 2x2 windows. The small config's image is one window (the full model's is 3x3),
     so window partitioning is held against Meta here, in torch; its export is the same op as SAM 3's."""
+    import copy
+
     import torch
     from transformers.models.sam3.modeling_sam3 import Sam3ViTModel
 
     z = c.meta.dump("vit_trunk_windows2x2")
     trunk = c.model.detector.vision_encoder.backbone
-    image = z["in/images"].shape[-1]
-    wide = Sam3ViTModel(trunk.config.__class__(**{**trunk.config.to_dict(), "image_size": image})).eval()
+    images = torch.from_numpy(z["in/images"])
+    config = copy.deepcopy(trunk.config)  # the exported attention implementation included
+    config.image_size = side = images.shape[-1]
+    wide = Sam3ViTModel(config).eval()
     wide.load_state_dict(trunk.state_dict(), strict=True)
     with torch.no_grad():
-        hidden = wide(torch.from_numpy(z["in/images"])).last_hidden_state
-    grid = image // c.model.sizes.patch_size
-    got = hidden.view(1, grid, grid, -1).permute(0, 3, 1, 2).numpy()
-    c.compare("backbone", f"Meta 2x2 windows ({image} px, torch)", "trunk_features", got, z["out.0"])
+        hidden = wide(images).last_hidden_state
+    grid = side // c.model.sizes.patch_size
+    got = hidden.view(len(images), grid, grid, -1).permute(0, 3, 1, 2).numpy()
+    max_abs, rel = _rel(got, z["out.0"])  # torch in float32 whatever the bundle's precision
+    c.rows.append(Row("backbone", f"Meta 2x2 windows ({side} px, torch)", "trunk_features", max_abs, rel, FP32_TOL))
 
 
 @register("interactive_neck")

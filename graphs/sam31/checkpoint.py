@@ -346,6 +346,18 @@ def _shape(state: dict, key: str) -> tuple[int, ...]:
     return tuple(state[key].shape)
 
 
+def rope_sides(rows: list[int]) -> tuple[int, int] | None:
+    """(grid F, window) from the row counts of the ViT's RoPE tables (Meta registers window^2 rows for a
+    windowed block, F^2 for a global one), or None when they are not such tables. Of two counts the
+    window is the one nearer Meta's 24^2: the grid may be the smaller (224 px: 16 < 24, padded)."""
+    counts = sorted(set(rows))
+    if not counts or len(counts) > 2 or any(math.isqrt(r) ** 2 != r for r in counts):
+        return None
+    window_rows = min(counts, key=lambda r: abs(r - VIT_WINDOW_DEFAULT ** 2))
+    global_rows = next((r for r in counts if r != window_rows), window_rows)
+    return math.isqrt(global_rows), math.isqrt(window_rows)
+
+
 def derive_sizes(state: dict, small_config: dict | None = None) -> Sam31Sizes:
     vit = "detector.backbone.vision_backbone.trunk."
     txt = "detector.backbone.language_backbone.encoder."
@@ -363,15 +375,13 @@ def derive_sizes(state: dict, small_config: dict | None = None) -> Sam31Sizes:
         if key in state:
             rows[i] = state[key].shape[0]
     cfg = small_config or {}
-    if len(rows) == depth and len(set(rows.values())) == 2:
-        window_rows = min(rows.values(), key=lambda r: abs(r - VIT_WINDOW_DEFAULT ** 2))
-        window = math.isqrt(window_rows)
-        global_rows = next(r for r in rows.values() if r != window_rows)
-        grid = math.isqrt(global_rows)
-        global_blocks = tuple(i for i, r in rows.items() if r == global_rows)
-    elif len(rows) == depth and len(set(rows.values())) == 1:
+    sides = rope_sides(list(rows.values())) if len(rows) == depth else None
+    if sides is not None and len(set(rows.values())) == 2:
+        grid, window = sides
+        global_blocks = tuple(i for i, r in rows.items() if r == grid * grid)
+    elif sides is not None:
         # every block alike: the image is one window, so windowed and global attention are the same
-        window = grid = math.isqrt(next(iter(rows.values())))
+        grid, window = sides
         global_blocks = tuple(cfg.get("vit_global_blocks", ()))
     else:  # no RoPE buffers (a mirror without them): the sizes of Meta's builder, or the small config
         image = int(cfg.get("image_size", FULL_IMAGE_SIZE))

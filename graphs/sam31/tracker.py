@@ -619,14 +619,14 @@ def _prompt_encoder(s: dict, d: int, grid: int):
 
 
 def grid_from_state_dict(state_dict: dict) -> int | None:
-    """F = image_size / 14 from the detector ViT's global-attention RoPE tables ([F*F, 32] where windowed
-    blocks have [576, 32]), when the state dict has them; None otherwise (then callers pass image_size)."""
+    """F = image_size / 14 from the detector ViT's RoPE tables (checkpoint.rope_sides), when the state
+    dict has them; None otherwise (then callers pass image_size)."""
+    from .checkpoint import rope_sides
+
     rows = [v.shape[0] for k, v in state_dict.items() if re.fullmatch(
         r"detector\.backbone\.vision_backbone\.trunk\.blocks\.\d+\.attn\.freqs_cis", k)]
-    if not rows:
-        return None
-    side = math.isqrt(max(rows))
-    return side if side * side == max(rows) else None
+    sides = rope_sides(rows)
+    return None if sides is None else sides[0]
 
 
 # ---------------------------------------------------------------------------------------- graphs

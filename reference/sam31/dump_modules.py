@@ -78,6 +78,8 @@ def flatten(prefix: str, x, arrays: dict, values: dict, seen: dict) -> None:
     values[prefix] = common.jsonable(x)
 
 
+# The small config's image is one ViT window (16 tokens padded to 24); the full model's 72 is 3x3
+# windows. At 448 px the grid is 32, padded to 48: 2x2 windows, so partitioning is dumped there too.
 WINDOWS_2X2_IMAGE = 448
 
 
@@ -164,17 +166,7 @@ def run(pred, out: Path, seed: int, config: dict) -> Dumper:
                {"images": img}, lambda images: vb.trunk(images))
         with torch.inference_mode():
             trunk_out[T] = (img, vb.trunk(img)[-1])
-    # the trunk at 448 px on the same weights (Meta's ViT built alone, its RoPE tables made for that size):
-    # grid 32 padded to 48, 2x2 windows. The small image is one window; the full model's 72 is 3x3.
-    wide = shim.vit_trunk(config, WINDOWS_2X2_IMAGE).eval()
-    missing, unexpected = wide.load_state_dict(
-        {k: v for k, v in vb.trunk.state_dict().items() if "freqs_cis" not in k}, strict=False)
-    if unexpected or any("freqs_cis" not in k for k in missing):
-        raise RuntimeError(f"the trunk's weights do not fit a {WINDOWS_2X2_IMAGE} px ViT: {missing} {unexpected}")
-    S2 = WINDOWS_2X2_IMAGE
-    D.case("vit_trunk_windows2x2", "detector.backbone.vision_backbone.trunk (weights) in a 448 px ViT",
-           "vit_trunk(config, 448)(images) -> [features]",
-           {"images": (torch.rand(1, 3, S2, S2, generator=g) * 2 - 1).half().float()}, lambda images: wide(images))
+    trunk_of_2x2_windows(D, vb.trunk, config, seed)
     # necks: every head and level at T=1; the detector head also at T=2 (level 0 alone is 16 MB a frame)
     for T, heads in ((1, ("convs", "interactive_convs", "propagation_convs")), (2, ("convs",))):
         x = trunk_out[T][1]
@@ -341,6 +333,20 @@ def run(pred, out: Path, seed: int, config: dict) -> Dumper:
     tracker_steps(D, trk, vb, F, g)
     box_grounding(D, det, trunk_out, g)
     return D
+
+
+def trunk_of_2x2_windows(D: Dumper, trunk, config: dict, seed: int) -> None:
+    """The trunk's weights in Meta's ViT built alone at WINDOWS_2X2_IMAGE px (its RoPE tables made for
+    that size), on an image of its own generator so the other cases' seeded inputs stay as they were."""
+    wide = shim.vit_trunk(config, WINDOWS_2X2_IMAGE).eval()
+    missing, unexpected = wide.load_state_dict(
+        {k: v for k, v in trunk.state_dict().items() if "freqs_cis" not in k}, strict=False)
+    if unexpected or any("freqs_cis" not in k for k in missing):
+        raise RuntimeError(f"the trunk's weights do not fit a {WINDOWS_2X2_IMAGE} px ViT: {missing} {unexpected}")
+    side, g = WINDOWS_2X2_IMAGE, torch.Generator().manual_seed(seed + 1)
+    D.case("vit_trunk_windows2x2", f"detector.backbone.vision_backbone.trunk (weights) in a {side} px ViT",
+           f"shim.vit_trunk(config, {side})(images) -> [features]",
+           {"images": (torch.rand(1, 3, side, side, generator=g) * 2 - 1).half().float()}, lambda images: wide(images))
 
 
 def box_grounding(D: Dumper, det, trunk_out: dict, g: torch.Generator) -> None:
