@@ -55,6 +55,12 @@ MEASURED_ISAS = ("avx512-amx", "avx512-bf16", "avx2")
 AVX512 = ("avx512-amx", "avx512-bf16")  # measured AVX-512 classes: equal outcomes so far
 
 
+def mask_iou(a, b) -> float:
+    """IoU of two boolean masks; two empty masks agree (1.0)."""
+    union = (a | b).sum()
+    return 1.0 if union == 0 else (a & b).sum() / union
+
+
 def rounding_xfail(reason: str, diverges_on: tuple[str, ...]):
     """A divergence that comes from the CPU kernels' fp32 (or int8) rounding, which depends on the ISA they
     run: strict where it was measured to diverge, no mark where it was measured to pass, and non-strict on

@@ -13,7 +13,7 @@ import sam3track
 from sam3track.postprocess import upsample_masks
 from sam3track.video import open_video
 
-from .conftest import CLIPS
+from .conftest import CLIPS, mask_iou
 
 
 @pytest.fixture(scope="module")
@@ -26,11 +26,6 @@ def frames():
 def predictor(tiny_bundle):
     with sam3track.load(tiny_bundle, hotstart_delay=0) as p:
         yield p
-
-
-def _iou(a, b):
-    union = (a | b).sum()
-    return 1.0 if union == 0 else (a & b).sum() / union
 
 
 def _mask_of(result, obj_id):
@@ -133,8 +128,8 @@ def test_refining_a_text_detected_object_keeps_its_id_and_later_frames_follow(pr
     # later frames follow the correction: they differ from the run without it, and resemble the
     # corrected mask more than the uncorrected run does
     later = range(5, len(frames))
-    follow = [_iou(_mask_of(after[t], target), corrected) for t in later]
-    plain_follow = [_iou(_mask_of(plain[t], target), corrected) for t in later]
+    follow = [mask_iou(_mask_of(after[t], target), corrected) for t in later]
+    plain_follow = [mask_iou(_mask_of(plain[t], target), corrected) for t in later]
     assert any(not np.array_equal(_mask_of(after[t], target), _mask_of(plain[t], target)) for t in later)
     assert np.mean(follow) > np.mean(plain_follow), (follow, plain_follow)
     s.close()
@@ -159,7 +154,7 @@ def test_user_objects_survive_the_hotstart_rules_and_no_birth_duplicates_them(ti
             for i, m in objs.items():
                 if frame == min(f for f, o in births.items() if i in o):  # where it was born
                     for u in user.get(frame, {}).values():
-                        assert _iou(m, u) < 0.1, f"object {i} duplicates a user object on frame {frame}"
+                        assert mask_iou(m, u) < 0.1, f"object {i} duplicates a user object on frame {frame}"
 
 
 def test_remove_prompt_and_reset(predictor, frames):

@@ -47,7 +47,7 @@ import pytest
 import sam3track
 from sam3track.video import open_video
 
-from .conftest import CLIPS
+from .conftest import CLIPS, mask_iou
 from .reference_tracker import FrameOutput, PromptOutput, cached_reference_tracker, load_reference
 from .test_parity import synthetic_frames
 
@@ -156,11 +156,6 @@ def run_sam3track(bundle, frames, script):
     return outputs
 
 
-def _iou(a, b):
-    union = (a | b).sum()
-    return 1.0 if union == 0 else (a & b).sum() / union
-
-
 def compare(mine, ref: FrameOutput, where: str, ious: list, raw_ious: list):
     assert mine.frame_index == ref.frame_index, f"{where}: frame {mine.frame_index} != {ref.frame_index}"
     ours = [int(i) for i in mine.object_ids]
@@ -170,8 +165,8 @@ def compare(mine, ref: FrameOutput, where: str, ious: list, raw_ious: list):
     for j, obj_id in enumerate(ours):
         k = ref.object_ids.index(obj_id)
         a, b, ties = mine.masks[j], ref.masks[k], ref.ties[k]
-        raw_ious.append(_iou(a, b))
-        ious.append(_iou(a & ~ties, b & ~ties))
+        raw_ious.append(mask_iou(a, b))
+        ious.append(mask_iou(a & ~ties, b & ~ties))
         prob = float(mine.tracker_probs[j])
         assert abs(prob - ref.object_scores[k]) <= SCORE_TOL, \
             f"{where} frame {ref.frame_index} object {obj_id}: prob {prob} != {ref.object_scores[k]}"

@@ -25,16 +25,11 @@ import pytest
 import sam3track
 from sam3track.video import open_video
 
-from .conftest import CLIPS, rounding_xfail
+from .conftest import CLIPS, mask_iou, rounding_xfail
 # The reference must be there: without torch this import fails and the run fails, never skips.
 from .reference_video import BOTH_START, REPROPAGATION, reference_run
 
 pytestmark = pytest.mark.slow  # the full tier: SAM 3 text tracking against transformers, frame by frame
-
-
-def _iou(a, b):
-    union = (a | b).sum()
-    return 1.0 if union == 0 else (a & b).sum() / union
 
 
 def record_events(session):
@@ -92,8 +87,8 @@ def assert_parity(bundle, frames, prompts, overrides=None, mode="forward", kerne
         for j, obj_id in enumerate(ids):
             b, ties = masks[obj_id]
             a = mine.masks[j]
-            raw_ious.append(_iou(a, b))
-            ious.append(_iou(a & ~ties, b & ~ties))
+            raw_ious.append(mask_iou(a, b))
+            ious.append(mask_iou(a & ~ties, b & ~ties))
             assert abs(mine.scores[j] - scores[obj_id]) <= 1e-3
     assert ious, "no object was tracked: the test clip and thresholds must produce objects"
     assert np.mean(raw_ious) >= 0.99, np.mean(raw_ious)

@@ -20,7 +20,7 @@ import sam3track
 from graphs import sam31_reference as ref
 from sam3track.testing.acl_emulator import install
 
-from .conftest import CLIPS
+from .conftest import CLIPS, mask_iou
 from .export_cache import cached_conversion
 from .reference_video import TIE  # a logit this close to 0 may threshold either way
 
@@ -117,11 +117,6 @@ def runs(bundles, scenario):
     return want, grown, got, calls, fixed, usage, ties
 
 
-def _iou(m, n):
-    union = (m | n).sum()
-    return 1.0 if union == 0 else (m & n).sum() / union
-
-
 def _assert_same(want, got, ties):
     """Same ids; mask IoU mean >= 0.99 with and without the tie pixels of ``want``'s run (``ties``), min
     >= 0.95 without them (tests/test_parity.py's bounds); tracker probabilities within 1e-3."""
@@ -131,8 +126,8 @@ def _assert_same(want, got, ties):
         assert a.frame_index == b.frame_index
         assert a.object_ids.tolist() == b.object_ids.tolist(), a.frame_index
         for m, n in zip(a.masks, b.masks):
-            ious.append(_iou(m, n))
-            solid_ious.append(_iou(m & ~tie, n & ~tie))
+            ious.append(mask_iou(m, n))
+            solid_ious.append(mask_iou(m & ~tie, n & ~tie))
         if a.object_ids.size:
             score_diff = max(score_diff, float(np.abs(a.tracker_probs - b.tracker_probs).max()))
     stats = (np.mean(ious), np.mean(solid_ious), min(solid_ious), score_diff)
