@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 from pathlib import Path
 
@@ -11,6 +12,31 @@ from .export_cache import cached_export, exported
 
 REPO = Path(__file__).resolve().parents[1]
 CLIPS = REPO / "examples" / "clips"
+
+
+def pytest_configure(config):
+    _pin_xdist_worker()
+
+
+def _pin_xdist_worker() -> None:
+    """Each pytest-xdist worker (and every process it starts) on its own share of the CPUs, its torch on
+    as many threads. With every library's default threads, two workers on 2 cores ran 4-6 spinning
+    threads on them and the parity files took 2.5x longer (docs/testing.md). OpenVINO, torch and (since
+    sam3track/backends/onnxruntime.py sizes its default to the mask) ONNX Runtime follow the mask."""
+    worker, count = os.environ.get("PYTEST_XDIST_WORKER", ""), int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if not worker.startswith("gw") or count < 2 or not hasattr(os, "sched_setaffinity"):
+        return
+    cpus = sorted(os.sched_getaffinity(0))
+    share = len(cpus) // count
+    if share < 1:  # fewer CPUs than workers: leave the scheduler to share them
+        return
+    index = int(worker[2:]) % count
+    os.sched_setaffinity(0, cpus[index * share:(index + 1) * share])
+    try:
+        import torch
+    except ImportError:
+        return
+    torch.set_num_threads(share)
 
 
 # A limit against hangs, never a verdict on speed: far above what a loaded 2-core machine takes.

@@ -320,6 +320,19 @@ def test_precision_threads_and_device_errors(monkeypatch):
         create_backend("openvino", "cpu", precision="bf16")
 
 
+def test_onnxruntime_default_threads_follow_the_affinity_mask(monkeypatch):
+    """ONNX Runtime alone ignores the mask (a pool thread per physical core, pinned outside it): the
+    backend's default is the mask's size when it is narrower than the machine, else ONNX Runtime's own."""
+    from sam3track.backends import onnxruntime as ort_backend
+
+    monkeypatch.setattr(ort_backend.os, "cpu_count", lambda: 8)
+    monkeypatch.setattr(ort_backend.os, "sched_getaffinity", lambda pid: {2, 3, 5}, raising=False)
+    assert create_backend("onnxruntime")._options.intra_op_num_threads == 3
+    assert create_backend("onnxruntime", threads=2)._options.intra_op_num_threads == 2  # asked: it wins
+    monkeypatch.setattr(ort_backend.os, "sched_getaffinity", lambda pid: set(range(8)), raising=False)
+    assert create_backend("onnxruntime")._options.intra_op_num_threads == 0  # 0: ONNX Runtime's default
+
+
 def test_load_passes_precision_and_threads(tiny_bundle):
     with sam3track.load(tiny_bundle, backend="openvino", threads=1) as p:
         compiled = p.graphs["backbone"].compiled

@@ -6,6 +6,7 @@ into the memory bank's pools and reads them back without any copy.
 
 from __future__ import annotations
 
+import os
 import time
 import weakref
 
@@ -24,6 +25,19 @@ _INSTALL_HINTS = {
     "CANNExecutionProvider": "install onnxruntime-cann instead of onnxruntime (it needs numpy<2) on a machine "
                              "with the CANN toolkit (source set_env.sh), or use backend='acl' with an OM bundle",
 }
+
+
+def _threads_within_affinity() -> int | None:
+    """The CPUs this process may run on, when that is fewer than the machine's (taskset, a cpuset, a
+    pinned worker); None otherwise. ONNX Runtime's own default ignores the affinity mask: it starts one
+    thread per physical core of the machine and pins each to its core, outside the mask (checked with
+    taskset -c 0: a pool thread pinned to CPU 1), so processes that share the machine oversubscribe it.
+    torch and OpenVINO already size their defaults to the mask (docs/testing.md: what it cost)."""
+    try:
+        allowed = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # no affinity API (macOS, Windows): ONNX Runtime's default
+        return None
+    return allowed if allowed < (os.cpu_count() or allowed) else None
 
 
 class OrtGraph(Graph):
@@ -54,7 +68,8 @@ class OnnxRuntimeBackend(Backend):
     name = "onnxruntime"
 
     def __init__(self, device: str = "cpu", threads: int | None = None, gears=None):
-        """threads: intra_op_num_threads (None: ONNX Runtime's default, one per core). gears: None
+        """threads: intra_op_num_threads (None: ONNX Runtime's default, one per core, or as many as the
+        CPUs this process may run on when its affinity is narrower, see _threads_within_affinity). gears: None
         (every call at its own size), "compiled" (an OM bundle's gears, so CPU runs take the padding and
         chunking path an Ascend run takes), or {axis: sizes} for every graph."""
         super().__init__()
@@ -75,6 +90,7 @@ class OnnxRuntimeBackend(Backend):
         self._providers = [provider] if provider == "CPUExecutionProvider" else [provider, "CPUExecutionProvider"]
         self._options = ort.SessionOptions()
         self._options.log_severity_level = 3
+        threads = threads or _threads_within_affinity()
         if threads:
             self._options.intra_op_num_threads = threads
         self._graphs: list[OrtGraph] = []
