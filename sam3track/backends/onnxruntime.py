@@ -27,7 +27,12 @@ _INSTALL_HINTS = {
 }
 
 
-def _threads_within_affinity() -> int | None:
+# The intra-op threads of a backend made without threads= (None: threads_within_affinity's rule); a
+# process that shares the machine on purpose (a test worker) sets its share here.
+DEFAULT_THREADS: int | None = None
+
+
+def threads_within_affinity() -> int | None:
     """The CPUs this process may run on, when that is fewer than the machine's (taskset, a cpuset, a
     pinned worker); None otherwise. ONNX Runtime's own default ignores the affinity mask: it starts one
     thread per physical core of the machine and pins each to its core, outside the mask (checked with
@@ -69,7 +74,7 @@ class OnnxRuntimeBackend(Backend):
 
     def __init__(self, device: str = "cpu", threads: int | None = None, gears=None):
         """threads: intra_op_num_threads (None: ONNX Runtime's default, one per core, or as many as the
-        CPUs this process may run on when its affinity is narrower, see _threads_within_affinity). gears: None
+        CPUs this process may run on when its affinity is narrower, see threads_within_affinity). gears: None
         (every call at its own size), "compiled" (an OM bundle's gears, so CPU runs take the padding and
         chunking path an Ascend run takes), or {axis: sizes} for every graph."""
         super().__init__()
@@ -90,7 +95,7 @@ class OnnxRuntimeBackend(Backend):
         self._providers = [provider] if provider == "CPUExecutionProvider" else [provider, "CPUExecutionProvider"]
         self._options = ort.SessionOptions()
         self._options.log_severity_level = 3
-        threads = threads or _threads_within_affinity()
+        threads = threads or DEFAULT_THREADS or threads_within_affinity()
         if threads:
             self._options.intra_op_num_threads = threads
         self._graphs: list[OrtGraph] = []
