@@ -16,32 +16,24 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 import sys
 import tempfile
 import time
-import warnings
 from pathlib import Path
 
-from sam3track.atomic_files import replace_directory
 from sam3track.bundle import file_sha256
 
 from .checkpoint import CheckpointError, load_model, load_tokenizer, validate_checkpoint, weights_sha256
+from .onnx_export import OPSET, ExportError, export_module, publish_bundle
 
 # 2: int32 ids and indices, float32 flags (no int64 or bool inputs); 3: interactive_decoder (clicks and
 # boxes), memory_encoder's via_image input, the tracker's multimask settings in config.tracker
 FORMAT_VERSION = 3
-OPSET = 17
 GRAPHS = ("text_encoder", "backbone", "grounding_head", "propagation_decoder", "interactive_decoder", "memory_encoder",
           "mask_init")
 # Sizes used while tracing: 2 or more everywhere, so no axis is mistaken for a broadcastable 1.
 TRACE_SIZES = dict(prompts=2, images=2, objects=2, memories=2, pointers=2, memory_rows=4, pointer_rows=4, points=3)
-EXTERNAL_DATA_THRESHOLD = 1_800_000_000  # protobuf caps one file at 2 GiB
-
-
-class ExportError(Exception):
-    pass
 
 
 def _export_graph(model, name: str, dims, out_dir: Path, precision: str = "fp32", attention: str = "fused") -> dict:
@@ -50,154 +42,6 @@ def _export_graph(model, name: str, dims, out_dir: Path, precision: str = "fp32"
     spec = specs.graph_specs(dims)[name]
     return export_module(spec.module(model), spec, specs.sample_inputs(spec, dims, TRACE_SIZES), out_dir,
                          precision=precision, attention=attention)
-
-
-def export_module(module, spec, inputs: dict, out_dir: Path, precision: str = "fp32", attention: str = "fused") -> dict:
-    """Export ``module`` (a graph wrapper) traced on ``inputs`` as ``spec`` describes it to
-    ``out_dir/<spec.name>.onnx``; returns the graph's manifest entry. Shared by every model family."""
-    import onnx
-    import torch
-
-    from . import bf16_rounding
-    from .modules import transformers_attention
-
-    name = spec.name
-    module = module.eval()
-    if hasattr(module, "attention_mode"):
-        module.attention_mode = attention
-    args = tuple(inputs[t.name] for t in spec.inputs)
-    path = out_dir / f"{name}.onnx"
-    layers = attention
-    with torch.no_grad(), warnings.catch_warnings(), transformers_attention(module, layers):
-        warnings.simplefilter("ignore")  # tracer warnings about Python control flow on fixed sizes
-        torch.onnx.export(
-            module, args, str(path), input_names=[t.name for t in spec.inputs],
-            output_names=[t.name for t in spec.outputs], dynamic_axes=spec.dynamic_axes,
-            opset_version=OPSET, dynamo=False, do_constant_folding=True,
-            custom_opsets={"com.microsoft": 1} if layers == "fused" else None,
-        )
-    proto = onnx.load(str(path))
-    _deduplicate_constants(proto)
-    try:
-        rounding = bf16_rounding.name_nodes(proto, name)
-    except bf16_rounding.RoundingError as e:
-        raise ExportError(str(e)) from None
-    if precision == "fp16":
-        from onnxruntime.transformers.float16 import DEFAULT_OP_BLOCK_LIST, convert_float_to_float16
-
-        # Inputs and outputs stay float32 so the runtime binds the same buffers for either precision;
-        # the fused attention op keeps float32 too (its padding logit and softmax want the range);
-        # the bf16 rounding's splitter is inf in float16, so it becomes Casts (graphs/bf16_rounding.py).
-        bf16_rounding.as_casts(proto)
-        proto = convert_float_to_float16(proto, keep_io_types=True,
-                                         op_block_list=DEFAULT_OP_BLOCK_LIST + ["MultiHeadAttention"])
-    elif precision == "int8":
-        proto = _quantize_int8(proto, out_dir)
-    data_files = []
-    if proto.ByteSize() > EXTERNAL_DATA_THRESHOLD or (out_dir / f"{name}.onnx.data").exists():
-        data_name = f"{name}.onnx.data"
-        onnx.save_model(proto, str(path), save_as_external_data=True, all_tensors_to_one_file=True,
-                        location=data_name, size_threshold=1024)
-        data_files.append(data_name)
-    else:
-        onnx.save_model(proto, str(path))
-    bound = {i.name for i in proto.graph.input}
-    missing = [t.name for t in spec.inputs if t.name not in bound]
-    if missing:
-        raise ExportError(f"graph {name}: inputs {missing} were pruned by the exporter; they are unused")
-
-    def tensors(items):
-        return [{"name": t.name, "dtype": t.dtype, "shape": list(t.shape)} for t in items]
-
-    files = [path.name] + data_files
-    return {
-        "file": path.name,
-        "data_files": data_files,
-        "sha256": {f: file_sha256(out_dir / f) for f in files},
-        "bytes": sum((out_dir / f).stat().st_size for f in files),
-        "precision": precision,
-        # "fused" where the graph runs ONNX Runtime's fused attention op (which ATC cannot parse), else "plain"
-        "attention": "fused" if any(n.domain == "com.microsoft" for n in proto.graph.node) else "plain",
-        # the nodes of the memories' bf16 rounding (graphs/bf16_rounding.py), float32 arithmetic
-        "bf16_rounding": rounding if precision != "fp16" else [],
-        "inputs": tensors(spec.inputs),
-        "outputs": tensors(spec.outputs),
-    }
-
-
-def _quantize_int8(proto, work_dir: Path):
-    """ONNX Runtime dynamic quantisation of the MatMuls with constant weights: int8 weights (per
-    tensor), activations quantised per call (uint8), float32 everywhere else. Inputs and outputs keep
-    their types, so the runtime cannot tell. Where it pays and what it costs in fidelity is measured by
-    ``python -m benchmarks.run`` (the README's table)."""
-    import logging
-
-    import onnx
-    from onnxruntime.quantization import QuantType, quantize_dynamic
-
-    with tempfile.TemporaryDirectory(dir=work_dir) as tmp:
-        src, dst = Path(tmp) / "fp32.onnx", Path(tmp) / "int8.onnx"
-        large = proto.ByteSize() > EXTERNAL_DATA_THRESHOLD
-        onnx.save_model(proto, str(src), save_as_external_data=large)
-        logging.disable(logging.WARNING)  # its advice to run a pre-processing pass is for static quantisation
-        try:
-            quantize_dynamic(src, dst, op_types_to_quantize=["MatMul"], weight_type=QuantType.QInt8,
-                             use_external_data_format=large, extra_options={"MatMulConstBOnly": True})
-        finally:
-            logging.disable(logging.NOTSET)
-        return onnx.load(str(dst))
-
-
-def _deduplicate_constants(proto) -> int:
-    """Keep one copy of each constant tensor (Constant nodes and initializers alike).
-
-    Constant folding materialises a value once per consumer: the propagation decoder's RoPE tables
-    came out 5 times each (145 MB of 186 MB at full size). Returns the bytes saved.
-    """
-    import hashlib
-
-    from onnx import numpy_helper
-
-    graph = proto.graph
-    outputs = {o.name for o in graph.output}
-    canonical: dict[tuple, str] = {}
-    rename: dict[str, str] = {}
-    saved = 0
-
-    def key(tensor):
-        array = numpy_helper.to_array(tensor)
-        return (array.dtype.str, array.shape, hashlib.sha256(array.tobytes()).hexdigest()), array.nbytes
-
-    kept_inits = []
-    for init in graph.initializer:
-        k, nbytes = key(init)
-        if k in canonical and init.name not in outputs:
-            rename[init.name] = canonical[k]
-            saved += nbytes
-        else:
-            canonical.setdefault(k, init.name)
-            kept_inits.append(init)
-    kept_nodes = []
-    for node in graph.node:
-        value = next((a.t for a in node.attribute if a.name == "value"), None) if node.op_type == "Constant" else None
-        if value is not None and node.output[0] not in outputs:
-            k, nbytes = key(value)
-            if k in canonical:
-                rename[node.output[0]] = canonical[k]
-                saved += nbytes
-                continue
-            canonical[k] = node.output[0]
-        kept_nodes.append(node)
-    if rename:
-        for node in kept_nodes:
-            for i, name in enumerate(node.input):
-                if name in rename:
-                    node.input[i] = rename[name]
-        del graph.initializer[:]
-        graph.initializer.extend(kept_inits)
-        del graph.node[:]
-        graph.node.extend(kept_nodes)
-    return saved
 
 
 def _preprocessing(checkpoint: Path, image_size: int) -> dict:
@@ -364,20 +208,6 @@ def export_bundle(checkpoint: Path, out: Path, fp16: tuple[str, ...] = (), overw
     return out
 
 
-def publish_bundle(staging: Path, manifest: dict, out: Path) -> None:
-    """The last step of every family's export: the manifest written last, ordinary permissions, and
-    the staging directory renamed into place (with --overwrite the old bundle goes only once the new
-    one is complete)."""
-    (staging / "manifest.json").write_text(json.dumps(manifest, indent=2))
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(staging, 0o777 & ~umask)  # mkdtemp creates it private; a bundle is an ordinary directory
-    for file in staging.rglob("*"):  # onnx writes external data files private too
-        if file.is_file():
-            os.chmod(file, 0o666 & ~umask)
-    replace_directory(staging, out)
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m graphs.export", description=__doc__.split("\n\n")[0])
     source = parser.add_mutually_exclusive_group(required=True)
@@ -441,7 +271,7 @@ def _main_sam31(parser, args) -> int:
         sam31_export.export_bundle(args.checkpoint, args.out, overwrite=args.overwrite,
                                    tiny=bool(args.tiny or args.preset), attention=args.attention, bpe=args.bpe,
                                    fp16=fp16, int8=tuple(args.int8))
-    except (CheckpointError, ExportError, sam31_export.ExportError) as exc:
+    except (CheckpointError, ExportError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     return 0

@@ -3,16 +3,19 @@
 from .errors import (ArgumentError, BackendError, BundleError, CapacityError, FrameIndexError, ObjectIdError,
                      PromptError, Sam3TrackError, SessionBusyError, SessionClosedError, VideoError)
 from .results import FrameResult
+from .tracking_session import TrackingSession
 
 __version__ = "0.1.0"
 
 
 def load(bundle_dir, backend: str = "onnxruntime", device: str = "cpu", **options):
-    """Load a bundle and return a Predictor (see sam3track.predictor.Predictor)."""
+    """Load a bundle and return a Predictor (see sam3track.predictor.Predictor); its start_session gives a
+    TrackingSession, whichever family the bundle holds."""
     from .predictor import Predictor
 
     return Predictor.load(bundle_dir, backend=backend, device=device, **options)
 
 
-__all__ = ["load", "FrameResult", "Sam3TrackError", "ArgumentError", "BackendError", "BundleError", "CapacityError",
-           "VideoError", "PromptError", "FrameIndexError", "ObjectIdError", "SessionBusyError", "SessionClosedError", "__version__"]
+__all__ = ["load", "FrameResult", "TrackingSession", "Sam3TrackError", "ArgumentError", "BackendError",
+           "BundleError", "CapacityError", "VideoError", "PromptError", "FrameIndexError", "ObjectIdError",
+           "SessionBusyError", "SessionClosedError", "__version__"]

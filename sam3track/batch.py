@@ -1,7 +1,7 @@
 """Many videos on one machine or a cluster: ``sam3track batch`` on Ray.
 
 Each Ray worker is an actor holding one predictor, loaded once when the actor starts, that tracks
-one video at a time through :func:`sam3track.commands.track.run_track`, the code behind
+one video at a time through :func:`sam3track.jobs.run_track`, the code behind
 ``sam3track track``: a video's outputs are byte for byte what ``track`` writes for it alone, and
 they reach their final names by the same temp+rename rule (a killed worker leaves at most a
 ``.partial`` file, which the retry overwrites).
@@ -36,8 +36,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sam3track.commands.common import CliError
-from sam3track.commands.track import VIDEO_SUFFIXES
+from sam3track.errors import UsageError
+from sam3track.video.writer import VIDEO_SUFFIXES
 
 __all__ = [
     "LEDGER_NAME",
@@ -95,7 +95,7 @@ class VideoSummary:
 def collect_inputs(inputs: Iterable[str | os.PathLike[str]]) -> list[Path]:
     """Video files as given, folders searched recursively by video suffix (sorted), and ``.txt``
     files read as one path a line (relative to the list's folder; blank and ``#`` lines skipped).
-    Absolute paths, each once, in the order found. A missing input raises :class:`CliError`."""
+    Absolute paths, each once, in the order found. A missing input raises :class:`UsageError`."""
     found: list[Path] = []
     for item in inputs:
         path = Path(item)
@@ -111,7 +111,7 @@ def collect_inputs(inputs: Iterable[str | os.PathLike[str]]) -> list[Path]:
         elif path.exists():
             found.append(path)
         else:
-            raise CliError(f"input not found: {path}")
+            raise UsageError(f"input not found: {path}")
     seen: set[Path] = set()
     videos = []
     for p in found:
@@ -160,9 +160,9 @@ def _parse_outputs(outputs: str | Sequence[str]) -> list[str]:
     kinds = [k for k in kinds if k]
     unknown = [k for k in kinds if k not in OUTPUT_KINDS]
     if unknown:
-        raise CliError(f"unknown output {unknown[0]!r}; choose among {','.join(OUTPUT_KINDS)}")
+        raise UsageError(f"unknown output {unknown[0]!r}; choose among {','.join(OUTPUT_KINDS)}")
     if "mp4" not in kinds:
-        raise CliError("--outputs must include mp4: the mask video is always written (as by "
+        raise UsageError("--outputs must include mp4: the mask video is always written (as by "
                        "sam3track track); add json and/or png for more")
     return kinds
 
@@ -184,7 +184,7 @@ class _Worker:
         if hooks.get("pid_dir"):
             Path(hooks["pid_dir"], str(os.getpid())).touch()
         if hooks.get("frame_delay"):
-            import sam3track.commands.track as track_module
+            import sam3track.jobs.track as track_module
 
             draw, delay = track_module.draw_objects, float(hooks["frame_delay"])
 
@@ -204,7 +204,7 @@ class _Worker:
 
     def track(self, video: str, prompts: list[str], outputs: dict[str, str],
               settings: dict) -> VideoSummary:
-        from sam3track.commands.track import run_track
+        from sam3track.jobs import track as track_job
 
         if self.hooks.get("pid_dir"):
             Path(self.hooks["pid_dir"], f"{os.getpid()}.busy").write_text(video)
@@ -217,11 +217,10 @@ class _Worker:
         report: dict = {}
         err = io.StringIO()
         try:
-            code = run_track(
-                video, prompts, bundle=self.bundle, output=outputs["mp4"],
-                json_path=outputs.get("json"), masks_dir=outputs.get("png"),
-                stdout=io.StringIO(), stderr=err, predictor=self.predictor, report=report,
-            )
+            job = track_job.TrackJob(video, list(prompts), bundle=self.bundle, output=outputs["mp4"],
+                           json_path=outputs.get("json"), masks_dir=outputs.get("png"))
+            code = track_job.run_track(job, stdout=io.StringIO(), stderr=err, predictor=self.predictor,
+                                       report=report)
             reason = "" if code == 0 else _reason(err.getvalue(), code)
         except Exception as e:  # anything run_track does not report itself: still this video's
             code, reason = -1, f"{type(e).__name__}: {e}".splitlines()[0]
@@ -247,7 +246,7 @@ def _import_ray() -> Any:
     try:
         import ray
     except ImportError:
-        raise CliError("sam3track batch needs Ray: pip install 'sam3track[ray]' "
+        raise UsageError("sam3track batch needs Ray: pip install 'sam3track[ray]' "
                        "(or pip install 'ray>=2.40')") from None
     return ray
 
@@ -280,13 +279,13 @@ def track_videos(
     """
     prompts = [prompts] if isinstance(prompts, str) else list(prompts)
     if not prompts or any(not p.strip() for p in prompts):
-        raise CliError("give at least one non-empty --prompt TEXT (e.g. --prompt person)")
+        raise UsageError("give at least one non-empty --prompt TEXT (e.g. --prompt person)")
     if workers < 1:
-        raise CliError(f"--workers must be 1 or more, got {workers}")
+        raise UsageError(f"--workers must be 1 or more, got {workers}")
     kinds = _parse_outputs(outputs)
     bundle_dir = Path(os.path.abspath(bundle))
     if not (bundle_dir / "manifest.json").is_file():
-        raise CliError(f"--bundle {bundle_dir} is not a bundle folder (no manifest.json); export "
+        raise UsageError(f"--bundle {bundle_dir} is not a bundle folder (no manifest.json); export "
                        f"one with python -m graphs.export --checkpoint SNAPSHOT --out DIR")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -352,7 +351,7 @@ def track_videos(
                 first = (str(e).strip().splitlines() or [type(e).__name__])[0]
                 if "creation task" in first:  # the worker could not load the bundle: no video can run
                     lines = [ln.strip() for ln in str(e).strip().splitlines() if ln.strip()]
-                    raise CliError(f"a worker could not start: {lines[-1]}") from None
+                    raise UsageError(f"a worker could not start: {lines[-1]}") from None
                 if isinstance(e, ray.exceptions.RayActorError):  # died more often than retried
                     first = f"the worker died (tried {MAX_TASK_RETRIES + 1} times at most): {first}"
                 summary = VideoSummary(str(video), "failed", settings=settings, reason=first)

@@ -14,28 +14,13 @@ from functools import cached_property
 from pathlib import Path
 
 from .errors import BundleError
+from .families import family_of
 
 # 2: graph inputs are int32 / float32 (no int64 or bool); 3: interactive_decoder, memory_encoder's
 # via_image, the tracker's multimask settings (older bundles lack them: export again)
 SUPPORTED_FORMAT = 3
-# manifest "family": absent or "sam3" for SAM 3 bundles, "sam3.1" for SAM 3.1 (graphs/sam31/); what each
-# needs is sam3track.families
-SAM3, SAM31 = "sam3", "sam3.1"
 OM_MANIFEST = "om_manifest.json"  # written by `python -m om.convert` next to manifest.json
 SUPPORTED_OM_FORMAT = 1
-REQUIRED_GRAPHS = ("text_encoder", "backbone", "grounding_head", "propagation_decoder", "interactive_decoder",
-                   "memory_encoder", "mask_init")
-# manifest keys the runtime reads, as paths
-REQUIRED_KEYS = (
-    ("preprocessing", "image_size"), ("preprocessing", "rescale_factor"), ("preprocessing", "image_mean"),
-    ("preprocessing", "image_std"), ("tokenizer", "dir"), ("tokenizer", "max_length"), ("tokenizer", "pad_token_id"),
-    ("config", "heuristics"), ("config", "tracker", "low_res_mask_size"), ("config", "tracker", "feature_grid"),
-    ("config", "tracker", "hidden_dim"), ("config", "tracker", "memory_dim"), ("config", "tracker", "num_maskmem"),
-    ("config", "tracker", "max_cond_frame_num"), ("config", "tracker", "max_object_pointers_in_encoder"),
-    ("config", "detector", "num_queries"), ("config", "tracker", "multimask_output_in_sam"),
-    ("config", "tracker", "multimask_output_for_tracking"), ("config", "tracker", "multimask_min_pt_num"),
-    ("config", "tracker", "multimask_max_pt_num"),
-)
 
 
 def file_sha256(path: Path) -> str:
@@ -75,8 +60,6 @@ class Bundle:
             raise BundleError(f"{path} is not valid JSON ({exc}); export the bundle again") from exc
         if not isinstance(manifest, dict):
             raise BundleError(f"{path} holds no JSON object; export the bundle again")
-        from .families import family_of
-
         try:
             family = family_of(manifest)  # SAM 3 or SAM 3.1; any other family name is refused here
         except BundleError as exc:
@@ -199,8 +182,6 @@ class Bundle:
 
     @property
     def family(self):
-        from .families import family_of
-
         return family_of(self.manifest)
 
     def graph_path(self, name: str) -> Path:

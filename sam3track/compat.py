@@ -54,7 +54,7 @@ from typing import Iterator
 
 import numpy as np
 
-from .errors import ArgumentError, shown
+from .errors import ArgumentError, is_whole_number, shown
 from .results import FrameResult
 
 __all__ = ["OfficialPredictor", "RequestError", "REQUEST_FIELDS", "STREAM_REQUEST_FIELDS"]
@@ -88,10 +88,6 @@ REQUIRED = {
     "close_session": ("session_id",),
     "propagate_in_video": ("session_id",),
 }
-
-
-def _is_int(value) -> bool:
-    return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
 
 
 def empty_outputs(height: int, width: int) -> dict:
@@ -139,7 +135,7 @@ class OfficialPredictor:
         limit = request.get("max_frame_num_to_track")
         if start is not None:
             self._check_frame(session, start, "propagate_in_video: start_frame_index")
-        if limit is not None and (not _is_int(limit) or limit < 0):
+        if limit is not None and (not is_whole_number(limit) or limit < 0):
             raise RequestError(f"propagate_in_video: max_frame_num_to_track must be a whole number >= 0 or None, "
                                f"not {shown(limit)}")
         if direction not in ("both", "forward", "backward"):
@@ -216,7 +212,7 @@ class OfficialPredictor:
         points, labels = request.get("points"), request.get("point_labels")
         boxes, box_labels = request.get("bounding_boxes"), request.get("bounding_box_labels")
         obj_id = request.get("obj_id")
-        if obj_id is not None and (not _is_int(obj_id) or obj_id < 0):
+        if obj_id is not None and (not is_whole_number(obj_id) or obj_id < 0):
             raise RequestError(f"add_prompt: obj_id must be a whole number >= 0, not {shown(obj_id)}")
         rel = request.get("rel_coordinates", True)
         clear = request.get("clear_old_points", True)
@@ -224,7 +220,7 @@ class OfficialPredictor:
             if not isinstance(flag, (bool, np.bool_)):
                 raise RequestError(f"add_prompt: {name} must be True or False, not {shown(flag)}")
 
-        if boxes is not None and getattr(session, "box_prompts", "tracker") == "detector":
+        if boxes is not None and session.box_prompts == "detector":
             return self._exemplar_prompt(session, frame, text, points, boxes, box_labels, rel)
         if text is not None:
             if points is not None:
@@ -287,7 +283,7 @@ class OfficialPredictor:
     @staticmethod
     def _check_frame(session, frame, what: str) -> None:
         n = session.num_frames
-        if not _is_int(frame) or not 0 <= frame < n:
+        if not is_whole_number(frame) or not 0 <= frame < n:
             raise RequestError(f"{what} {shown(frame)} is out of range: the video has {n} frames (0..{n - 1})")
 
     @staticmethod

@@ -129,17 +129,28 @@ class TrackerConfig:
             raise ConfigError(f"the bundle's manifest has no value for {', '.join(missing)}; export the bundle again")
         for name, value in values.items():
             _check(name, value, "the bundle's manifest")
-        unknown = sorted(set(overrides) - set(fields))
-        if unknown:
-            raise ConfigError(f"unknown configuration options {unknown}; the names are the fields "
-                              "of sam3track.config.TrackerConfig")
+        check_override_names(overrides, fields, "", "sam3track.config.TrackerConfig")
         for name, value in overrides.items():
-            if name in FIXED_BY_MODEL:
-                raise ConfigError(f"configuration option {name} is fixed by the exported graphs and cannot be "
-                                  "overridden; export the checkpoint again to change it")
+            refuse_fixed(name, FIXED_BY_MODEL)
             _check(name, value, "the override")
         values.update(overrides)
         return cls(**values)
+
+
+def check_override_names(overrides: dict, fields, family: str, config_class: str) -> None:
+    """Every family's first check of ``sam3track.load`` keywords: each names a field of its config.
+    ``family``: " for a SAM 3.1 bundle" or "" in messages."""
+    unknown = sorted(set(overrides) - set(fields))
+    if unknown:
+        raise ConfigError(f"unknown configuration options {unknown}{family}; the names are the fields of "
+                          f"{config_class}")
+
+
+def refuse_fixed(name: str, fixed) -> None:
+    """An override of a value the exported graphs fix (each family's FIXED_BY_MODEL) is refused."""
+    if name in fixed:
+        raise ConfigError(f"configuration option {name} is fixed by the exported graphs and cannot be "
+                          "overridden; export the checkpoint again to change it")
 
 
 # Geometry and preprocessing the graphs were exported with: changing them breaks the graphs.

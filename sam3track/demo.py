@@ -4,7 +4,7 @@ It exists so ``sam3track demo`` and the notebooks work straight after ``pip inst
 and without downloading the real facebook/sam3 checkpoint. Its masks show the machinery
 (reading, tracking, drawing, writing), not the model's skill.
 
-The bundle lives in ``sam3track/demo_bundle/`` (six graphs, tokenizer, manifest; no checkpoint, which
+The bundle lives in ``sam3track/demo_bundle/`` (seven graphs, tokenizer, manifest; no checkpoint, which
 the runtime never reads). It is the ``demo`` preset of ``graphs/tiny.py`` with seed 0, and is
 regenerated, after changing that preset or the exporter, with one command from the repository root:
 

@@ -13,6 +13,13 @@ def shown(value) -> str:
     return text if len(text) <= SHOWN_CHARS else text[:SHOWN_CHARS - 5] + "...'"
 
 
+def is_whole_number(value) -> bool:
+    """An int or numpy integer, and not a bool (True is an int to Python, never a frame or an id here)."""
+    import numpy as np
+
+    return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
+
+
 class Sam3TrackError(Exception):
     """Base class of every error sam3track raises on purpose."""
 
@@ -42,6 +49,11 @@ class ObjectIdError(Sam3TrackError, KeyError):
 
 class SessionClosedError(Sam3TrackError):
     """The session was closed; start a new one."""
+
+
+class UsageError(Sam3TrackError):
+    """A job was asked for something it cannot do: a flag's value, a missing input, an output that
+    cannot be written (the command line reports it as CliError, the same class)."""
 
 
 class ArgumentError(Sam3TrackError, ValueError):

@@ -192,6 +192,9 @@ class MemoryQuery:
 
 
 def select_closest_cond_frames(frame: int, cond: dict, max_num: int) -> tuple[dict, dict]:
+    """(selected, unselected) conditioning frames of ``cond`` (frame -> memory) for ``frame``, as SAM 2's
+    select_closest_cond_frames (both families): all when ``max_num`` is -1 or not exceeded; else the closest
+    before, the closest at or after, then the nearest others, in that order."""
     if max_num == -1 or len(cond) <= max_num:
         return dict(cond), {}
     selected = {}

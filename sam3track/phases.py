@@ -24,37 +24,37 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from typing import Generic, TypeVar
 
-Grounded = TypeVar("Grounded")  # phase 1's result: features and detections
-Tracked = TypeVar("Tracked")  # phase 2's result: the tracked objects on this frame
-Plan = TypeVar("Plan")  # phase 3's result: every decision of the frame
-Output = TypeVar("Output")  # phase 5's result: what the frame returns
+GroundedT = TypeVar("GroundedT")  # phase 1's result: features and detections
+TrackedT = TypeVar("TrackedT")  # phase 2's result: the tracked objects on this frame
+PlanT = TypeVar("PlanT")  # phase 3's result: every decision of the frame
+OutputT = TypeVar("OutputT")  # phase 5's result: what the frame returns
 
 
-class FramePhases(ABC, Generic[Grounded, Tracked, Plan, Output]):
+class FramePhases(ABC, Generic[GroundedT, TrackedT, PlanT, OutputT]):
     """One frame of one family, split into the phases `run_frame` runs in order (contract above)."""
 
     @abstractmethod
-    def ground(self) -> Grounded:
+    def ground(self) -> GroundedT:
         """1. backbone + grounding."""
 
     @abstractmethod
-    def propagate(self, grounded: Grounded) -> Tracked:
+    def propagate(self, grounded: GroundedT) -> TrackedT:
         """2. propagation: the tracker's outputs of the frame, nothing decided."""
 
     @abstractmethod
-    def plan(self, grounded: Grounded, tracked: Tracked) -> Plan:
+    def plan(self, grounded: GroundedT, tracked: TrackedT) -> PlanT:
         """3. planning: every decision, nothing mutated."""
 
     @abstractmethod
-    def execute(self, grounded: Grounded, tracked: Tracked, plan: Plan) -> None:
+    def execute(self, grounded: GroundedT, tracked: TrackedT, plan: PlanT) -> None:
         """4. execution: the plan applied."""
 
     @abstractmethod
-    def outputs(self, grounded: Grounded, tracked: Tracked, plan: Plan) -> Output:
+    def outputs(self, grounded: GroundedT, tracked: TrackedT, plan: PlanT) -> OutputT:
         """5. outputs: the frame's result, nothing mutated."""
 
 
-def run_frame(phases: FramePhases[Grounded, Tracked, Plan, Output]) -> Output:
+def run_frame(phases: FramePhases[GroundedT, TrackedT, PlanT, OutputT]) -> OutputT:
     """Run one frame's phases in the documented order, each given the results of those before it."""
     grounded = phases.ground()
     tracked = phases.propagate(grounded)

@@ -14,6 +14,7 @@ from .call_sizes import default_gears
 from .config import TrackerConfig
 from .errors import BundleError, SessionClosedError, VideoError
 from .session import Session, check_frame_size
+from .tracking_session import TrackingSession
 from .tokenizer import PromptTokenizer
 
 
@@ -72,7 +73,7 @@ class Predictor:
             options["gears"] = gears
         return cls(bundle, create_backend(backend, device, **options), config)
 
-    def start_session(self, source=None) -> Session:
+    def start_session(self, source=None) -> TrackingSession:
         """source: a video file, an image folder, an array or sequence of RGB frames, a FrameSource, or
         None for a live stream fed through session.track(frame)."""
         if self.closed:

@@ -8,7 +8,7 @@ from typing import Iterator
 import numpy as np
 
 from .errors import (ArgumentError, FrameIndexError, ObjectIdError, PromptError, SessionBusyError,
-                     SessionClosedError, VideoError, shown)
+                     SessionClosedError, VideoError, is_whole_number, shown)
 from .backends import DeviceTensor
 from .frame_loop import ClickRequest, FrameLoop, FrameOutput
 from .interactive import ClickBook, parse_clicks, use_multimask
@@ -21,10 +21,6 @@ from .text_prompts import TextPrompts
 
 DIRECTIONS = ("forward", "backward", "both")
 MIN_FRAME_SIDE = 16  # smaller frames carry nothing to track; refuse them rather than upsample noise
-def _is_int(value) -> bool:
-    return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
-
-
 def check_frame_size(height: int, width: int, where: str) -> None:
     if min(height, width) < MIN_FRAME_SIDE:
         raise VideoError(f"{where} is {width}x{height} pixels; frames must be at least {MIN_FRAME_SIDE} pixels on "
@@ -63,6 +59,10 @@ class FrameCache:
 
 
 class Session:
+    """A SAM 3 tracking session (sam3track.tracking_session.TrackingSession)."""
+
+    box_prompts = "tracker"  # each box is an object of its own, decoded by the tracker
+
     def __init__(self, predictor, source=None, owns_source: bool = False):
         self.predictor = predictor
         self.config = predictor.config
@@ -167,7 +167,7 @@ class Session:
     def _add_text(self, frame_index, text) -> int:
         if self.source is not None:
             self._check_frame(frame_index)
-        elif not _is_int(frame_index) or frame_index < 0:
+        elif not is_whole_number(frame_index) or frame_index < 0:
             raise FrameIndexError(f"frame index {frame_index!r} must be a whole number >= 0")
         if text is None:
             raise PromptError("add_prompt needs text=, points= or boxes=, e.g. session.add_prompt(frame_index=0, "
@@ -191,7 +191,7 @@ class Session:
         objects = self.objects
         if obj_id is None:
             obj_id = objects.max_obj_id + 1
-        elif not _is_int(obj_id) or obj_id < 0:
+        elif not is_whole_number(obj_id) or obj_id < 0:
             raise ObjectIdError(f"{where}: obj_id {shown(obj_id)} must be a whole number >= 0 (or None for a new "
                                 "object)")
         elif obj_id not in objects and obj_id <= objects.max_obj_id:
@@ -268,7 +268,7 @@ class Session:
     # ---------------------------------------------------------------------------------- frames
     def _check_frame(self, index, what: str = "frame index") -> None:
         n = self.num_frames
-        if not _is_int(index) or not 0 <= index < n:
+        if not is_whole_number(index) or not 0 <= index < n:
             raise FrameIndexError(f"{what} {index!r} is out of range: the video has {n} frames (0..{n - 1})")
 
     def _run_frame(self, index: int, rgb: np.ndarray, reverse: bool, streaming: bool, num_frames) -> FrameOutput:
@@ -317,7 +317,7 @@ class Session:
             first_prompted = self.first_prompted_frame
             start_frame = first_prompted if direction != "backward" else max(first_prompted, n - 1)
         self._check_frame(start_frame, "start_frame")
-        if max_frames is not None and (not _is_int(max_frames) or max_frames < 1):
+        if max_frames is not None and (not is_whole_number(max_frames) or max_frames < 1):
             raise ArgumentError(f"max_frames must be a whole number >= 1 or None, not {shown(max_frames)}")
         passes = []
         if direction in ("forward", "both"):
@@ -408,7 +408,7 @@ class Session:
     def remove_object(self, obj_id: int) -> None:
         """Stop tracking an object; its id is never reused. Allowed between frames of a propagate()."""
         self._check_open()
-        if not _is_int(obj_id) or obj_id not in self.objects:
+        if not is_whole_number(obj_id) or obj_id not in self.objects:
             raise ObjectIdError(f"object {shown(obj_id)} is not tracked in this session "
                                 f"(tracked: {self.objects.obj_ids})")
         self._forget_object(obj_id)

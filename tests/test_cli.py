@@ -139,6 +139,8 @@ def test_track_video_colours_masks_and_leaves_the_rest(tracked: dict) -> None:
 class _ScriptedSession:
     """Two discs (object ids 0 and 7) drifting right: known masks to check the drawing with."""
 
+    box_prompts = "tracker"  # a sam3track.TrackingSession member
+
     def __init__(self, source) -> None:
         self.owned = isinstance(source, (str, Path))
         self.reader = open_video(source) if self.owned else source
@@ -373,7 +375,7 @@ def test_error_after_frames_keeps_them_beside_the_outputs(tmp_path: Path, monkey
 
 @pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")
 def test_interrupt_guard_handles_both_signals_and_restores_handlers() -> None:
-    from sam3track.commands.interrupts import InterruptGuard, Interrupted, exit_code_for
+    from sam3track.jobs.interrupts import InterruptGuard, Interrupted, exit_code_for
 
     seen: list[int] = []
 
@@ -674,7 +676,7 @@ def test_set_overrides_the_bundle_configuration(tiny_bundle: Path, tmp_path: Pat
 
 def test_points_boxes_and_obj_ids_group_into_add_prompt_calls() -> None:
     from sam3track.cli import build_parser
-    from sam3track.commands.prompts import group_calls
+    from sam3track.jobs.geometric import group_calls
 
     args = build_parser().parse_args([
         "track", "v.mp4", "--point", "3:10,20", "--point", "3:30.5,40:0", "--box", "5:1,2,30,40",

@@ -272,6 +272,7 @@ def test_session_ids(official):
 class _RecordingSession:
     """Stands in for a Session: records the click/box calls the facade makes."""
 
+    box_prompts = "tracker"  # a sam3track.TrackingSession member
     num_frames = 10
 
     class source:

@@ -42,7 +42,7 @@ def test_shipped_bundle_gives_the_outputs_of_a_fresh_export(tmp_path):
     import onnxruntime as ort
 
     from graphs import export, specs
-    from graphs.check import FP32_TOL, _rel
+    from graphs.comparison import FP32_TOL, relative_error
     from graphs.checkpoint import load_model
     from graphs.tiny import DEMO, write_tiny_checkpoint
 
@@ -65,7 +65,7 @@ def test_shipped_bundle_gives_the_outputs_of_a_fresh_export(tmp_path):
             outputs[bundle] = session.run(None, {i.name: feeds[i.name] for i in session.get_inputs()})
         for out_spec, got, want in zip(spec.outputs, outputs[SHIPPED], outputs[fresh]):
             assert got.shape == want.shape, (name, out_spec.name)
-            _, rel = _rel(got, want)
+            _, rel = relative_error(got, want)
             assert rel <= FP32_TOL, f"{name}.{out_spec.name}: shipped differs from a fresh export (rel {rel:.1e}); " \
                                     f"regenerate: python -m graphs.export --demo --out sam3track/demo_bundle --overwrite"
 

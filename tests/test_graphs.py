@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from graphs import export
-from graphs.check import BF16_CRITERION, Row, run_checks
+from graphs.check import run_checks
+from graphs.comparison import BF16_CRITERION, Row
 from graphs.checkpoint import CheckpointError, validate_checkpoint
 
 
@@ -273,18 +274,18 @@ def test_the_bf16_criterion_allows_one_rounding_step_or_fp32_noise_and_nothing_m
     reference, or within the fp32 bound (1e-4 of the largest value) where a step is smaller than that."""
     import numpy as np
 
-    from graphs.check import FP32_TOL, _bf16_steps_ok
+    from graphs.comparison import FP32_TOL, within_one_bf16_step
 
     ref = np.array([8.0, 1.0, 0.01, -0.0035], np.float32)
-    assert _bf16_steps_ok(ref.copy(), ref)
+    assert within_one_bf16_step(ref.copy(), ref)
     one_step = ref.copy()
     one_step[0] += 2.0 ** -4  # the bf16 step at 8 is 2**(3-7)
-    assert _bf16_steps_ok(one_step, ref)
+    assert within_one_bf16_step(one_step, ref)
     two_steps = ref.copy()
     two_steps[0] += 2.0 ** -3
-    assert not _bf16_steps_ok(two_steps, ref)
+    assert not within_one_bf16_step(two_steps, ref)
     noise = ref.copy()
     noise[3] += 0.9 * FP32_TOL * 8.0  # fp32 noise near zero, many bf16 steps there
-    assert _bf16_steps_ok(noise, ref)
+    assert within_one_bf16_step(noise, ref)
     noise[3] += 0.2 * FP32_TOL * 8.0
-    assert not _bf16_steps_ok(noise, ref)
+    assert not within_one_bf16_step(noise, ref)

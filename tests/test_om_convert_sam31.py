@@ -24,7 +24,7 @@ import numpy as np
 import onnx
 import pytest
 
-from graphs.check import FP32_TOL, _bf16_steps_ok, _rel
+from graphs.comparison import FP32_TOL, relative_error, within_one_bf16_step
 from om import sam31
 from om.convert import convert_bundle, main as convert_main, make_plans
 from om.errors import ConversionError
@@ -241,8 +241,8 @@ def run_cases(plain: Path, out: Path, om: dict, cases, references, pad=None) -> 
                     have = backend.to_host(got[output])
                     assert have.shape == tuple(gear.get(a, d) if a else d for a, d in zip(axes[output], ref.shape))
                     have = have[tuple(slice(0, n) for n in ref.shape)]  # the real rows
-                    max_abs, rel = _rel(have, ref)
-                    ok = _bf16_steps_ok(have, ref) if output in bf16 else rel <= FP32_TOL
+                    max_abs, rel = relative_error(have, ref)
+                    ok = within_one_bf16_step(have, ref) if output in bf16 else rel <= FP32_TOL
                     assert ok, f"{name} at {sizes} (gear {gear}): {output} max abs {max_abs:.3g}, rel {rel:.3g}"
                 ran.setdefault(name, set()).add(tuple(sorted((a, gear[a]) for a in sizes)))
             executes = dict(emu.stats.executes)

@@ -325,6 +325,7 @@ def test_onnxruntime_default_threads_follow_the_affinity_mask(monkeypatch):
     backend's default is the mask's size when it is narrower than the machine, else ONNX Runtime's own."""
     from sam3track.backends import onnxruntime as ort_backend
 
+    monkeypatch.setattr(ort_backend, "DEFAULT_THREADS", None)  # as in any process but a test worker
     monkeypatch.setattr(ort_backend.os, "cpu_count", lambda: 8)
     monkeypatch.setattr(ort_backend.os, "sched_getaffinity", lambda pid: {2, 3, 5}, raising=False)
     assert create_backend("onnxruntime")._options.intra_op_num_threads == 3
@@ -446,18 +447,19 @@ def test_cli_track_passes_backend_precision_and_threads(tmp_path, monkeypatch):
 
     calls = []
 
-    def run_track(*args, **kwargs):
-        calls.append(kwargs)
+    def run_track(job, **kwargs):
+        calls.append(job)
         return 0
 
-    monkeypatch.setattr("sam3track.commands.track.run_track", run_track)
+    monkeypatch.setattr("sam3track.jobs.track.run_track", run_track)
     args = build_parser().parse_args(["track", "v.mp4", "-p", "person", "--backend", "openvino", "--precision", "bf16",
                                       "--threads", "2", "--shapes", "static"])
     from sam3track.commands.track import cmd_track
 
     assert cmd_track(args) == 0
-    assert calls[0]["backend"] == "openvino" and calls[0]["precision"] == "bf16" and calls[0]["threads"] == 2
-    assert calls[0]["shapes"] == "static"
+    job = calls[0]
+    assert job.backend == "openvino" and job.load_options["precision"] == "bf16" and job.load_options["threads"] == 2
+    assert job.load_options["shapes"] == "static"
     with pytest.raises(SystemExit):
         build_parser().parse_args(["track", "v.mp4", "-p", "x", "--shapes", "fixed"])
     with pytest.raises(SystemExit):

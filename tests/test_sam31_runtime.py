@@ -482,12 +482,12 @@ def test_reconditioning_plan_follows_metas_filters():
     from types import SimpleNamespace
 
     from sam3track.families.sam31 import heuristics as H
-    from sam3track.families.sam31.tracker import Sam31Tracker, Tracked
+    from sam3track.families.sam31.tracker import Sam31Tracker, Sam31Tracked
 
     stub = SimpleNamespace(config=SimpleNamespace(recondition_every_nth_frame=16))
     prev_ids = np.asarray([3, 5, 8], np.int64)
     logit = lambda p: float(np.log(p / (1 - p)))  # noqa: E731
-    tracked = Tracked(prev_ids, np.zeros((3, 4, 4), np.float32),
+    tracked = Sam31Tracked(prev_ids, np.zeros((3, 4, 4), np.float32),
                       np.asarray([logit(0.9), logit(0.95), logit(0.79)], np.float32))
     det = H.Detections(np.full(6, 0.9, np.float32), np.zeros((6, 4, 4), np.float32),
                        np.asarray([True, True, True, True, False, True]))

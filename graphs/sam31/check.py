@@ -32,7 +32,8 @@ from typing import Callable
 
 import numpy as np
 
-from ..check import BF16_CRITERION, FP16_TOL, FP32_TOL, HEADER, INT8_TOL, CheckError, Row, _bf16_steps_ok, _rel
+from ..comparison import (BF16_CRITERION, FP16_TOL, FP32_TOL, HEADER, INT8_TOL, CheckError, Row,
+                          relative_error, within_one_bf16_step)
 
 CHECKS: dict[str, Callable[["Sam31Checker"], None]] = {}
 CONV_CRITERION = "1 bf16 step in"  # conv_s0 / conv_s1 of rounded levels: one step of their input
@@ -206,9 +207,9 @@ class Sam31Checker:
         if got.shape != ref.shape:
             self.rows.append(Row(graph, case, name, float("inf"), float("inf"), 0.0, f"FAIL shape {got.shape} != {ref.shape}"))
             return
-        max_abs, rel = _rel(got, ref)
+        max_abs, rel = relative_error(got, ref)
         if bf16 and self.manifest["graphs"][graph]["precision"] == "fp32":
-            ok = _bf16_steps_ok(got, ref)
+            ok = within_one_bf16_step(got, ref)
             self.rows.append(Row(graph, case, name, max_abs, rel, None, "" if ok else "beyond one bf16 step",
                                  criterion=BF16_CRITERION, criterion_met=ok))
         else:
@@ -226,12 +227,12 @@ class Sam31Checker:
         from ..bf16_rounding import SPLITTER
 
         got, ref, plain_ref = (np.asarray(x, np.float32) for x in (got, ref, plain_ref))
-        max_abs, rel = _rel(got, ref)
+        max_abs, rel = relative_error(got, ref)
         if self.manifest["graphs"][graph]["precision"] != "fp32":
             self.rows.append(Row(graph, case, name, max_abs, rel, self.tolerance(graph)))
             return
         if weight is None:
-            ok, criterion = _bf16_steps_ok(got, ref), BF16_CRITERION
+            ok, criterion = within_one_bf16_step(got, ref), BF16_CRITERION
             problems = [] if ok else ["beyond one bf16 step"]
             scaled = got * np.float32(SPLITTER)
             if not np.array_equal(scaled - (scaled - got), got):
@@ -241,7 +242,7 @@ class Sam31Checker:
             problems = [] if ok else ["beyond one bf16 step of its input"]
             if ref_input is not None:
                 scaled = unrounded * np.float32(SPLITTER)
-                if not _bf16_steps_ok(scaled - (scaled - unrounded), ref_input):
+                if not within_one_bf16_step(scaled - (scaled - unrounded), ref_input):
                     problems.append("conv input beyond one bf16 step of Meta's")
         to_rounded = float(np.linalg.norm((got - ref).astype(np.float64)))
         to_plain = float(np.linalg.norm((got - plain_ref).astype(np.float64)))
@@ -431,7 +432,7 @@ def _check_trunk_of_2x2_windows(c: Sam31Checker) -> None:
         hidden = wide(images).last_hidden_state
     grid = side // c.model.sizes.patch_size
     got = hidden.view(len(images), grid, grid, -1).permute(0, 3, 1, 2).numpy()
-    max_abs, rel = _rel(got, z["out.0"])  # torch in float32 whatever the bundle's precision
+    max_abs, rel = relative_error(got, z["out.0"])  # torch in float32 whatever the bundle's precision
     c.rows.append(Row("backbone", f"Meta 2x2 windows ({side} px, torch)", "trunk_features", max_abs, rel, FP32_TOL))
 
 

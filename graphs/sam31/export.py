@@ -21,6 +21,7 @@ from pathlib import Path
 from sam3track.bundle import file_sha256
 
 from ..checkpoint import CheckpointError
+from ..onnx_export import OPSET, ExportError, export_module, publish_bundle
 from . import checkpoint as ckpt
 from . import detector
 
@@ -67,10 +68,6 @@ PREDICTOR = dict(default_output_prob_thresh=0.5)
 FULL_GEOMETRY = dict(image_size=1008, grid=72, vit_width=1024, vit_depth=32, vit_heads=16, vit_mlp=4736,
                      vit_global_blocks=[7, 15, 23, 31], text_width=1024, text_layers=24, text_heads=16,
                      detr_encoder_layers=6, detr_decoder_layers=6, num_queries=200, mask_size=288)
-
-
-class ExportError(Exception):
-    pass
 
 
 def tracker_sizes(sizes) -> dict:
@@ -146,7 +143,6 @@ def export_bundle(checkpoint: Path | None, out: Path, overwrite: bool = False, t
     import torch
     import transformers
 
-    from ..export import OPSET, export_module, publish_bundle
     from ..modules import ATTENTION_MODES
     from .tracker_check import export_tracker_graphs
 

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..check import BF16_CRITERION, FP32_TOL, Row, _bf16_steps_ok, _rel
+from ..comparison import BF16_CRITERION, FP32_TOL, Row, relative_error, within_one_bf16_step
 from . import tracker_specs
 from .tracker_feeds import (interactive_feeds, memory_encoder_feeds, pad_propagation, propagation_feeds,
                             single_bucket_feeds)
@@ -60,8 +60,8 @@ def export_tracker_graphs(state_dict: dict, out_dir, attention: str = "fused", i
 
 
 def export_graph(trk, dims, name: str, out_dir: Path, attention: str) -> dict:
-    """One tracker graph through graphs.export.export_module (the exporter every family shares)."""
-    from ..export import export_module
+    """One tracker graph through graphs.onnx_export.export_module (the exporter every family shares)."""
+    from ..onnx_export import export_module
     from ..modules import ATTENTION_MODES
 
     if attention not in ATTENTION_MODES:
@@ -122,9 +122,9 @@ def _compare(rows, graph, case, names, got: dict, ref: dict, bf16=(), masks=None
             continue
         if masks and name in masks:
             g, r = g[masks[name]], r[masks[name]]
-        max_abs, rel = _rel(g, r)
+        max_abs, rel = relative_error(g, r)
         if name in bf16:
-            ok = _bf16_steps_ok(g, r)
+            ok = within_one_bf16_step(g, r)
             rows.append(Row(graph, case, name, max_abs, rel, None, "" if ok else "beyond one bf16 step",
                             criterion=BF16_CRITERION, criterion_met=ok))
         else:
@@ -350,7 +350,7 @@ CHECKS = {"propagation_decoder": check_propagation_decoder, "memory_encoder": ch
 
 
 def check_tracker_graphs(bundle_or_onnx_dir, dumps, graphs=tracker_specs.GRAPHS, log=print) -> list[Row]:
-    from ..check import HEADER
+    from ..comparison import HEADER
 
     rows = []
     for name in graphs:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from sam3track.commands.common import EXIT_ERROR, print_error
-from sam3track.commands.track import run_track
+from sam3track.commands.common import EXIT_ERROR, int_at_least, print_error
+from sam3track.jobs import track as track_job
 from sam3track.errors import Sam3TrackError
 
 DEMO_PROMPTS = ("person", "bike")
@@ -49,7 +49,29 @@ def cmd_demo(args: argparse.Namespace) -> int:
     print(f"tracking {', '.join(repr(p) for p in DEMO_PROMPTS)} in {clip} "
           f"({args.max_frames} frames from frame {DEMO_START_FRAME}) with {bundle}; hotstart removal off",
           flush=True)
-    return run_track(
-        clip, DEMO_PROMPTS, bundle=bundle, output=output, start_frame=DEMO_START_FRAME,
-        max_frames=args.max_frames, backend=args.backend, device=args.device, overrides=DEMO_OVERRIDES,
+    job = track_job.TrackJob(clip, list(DEMO_PROMPTS), bundle=bundle, output=output, start_frame=DEMO_START_FRAME,
+                             max_frames=args.max_frames, backend=args.backend, device=args.device,
+                             load_options=dict(DEMO_OVERRIDES))
+    return track_job.run_track(job)
+
+
+def add_parser(sub) -> argparse.ArgumentParser:
+    """``sam3track demo`` and its arguments, on the CLI's subparsers."""
+    demo = sub.add_parser(
+        "demo",
+        help="track 'person' and 'bike' in the bundled bikes.mp4 with the RANDOM-weights demo bundle",
+        description=(
+            "Runs `track` on examples/clips/bikes.mp4 with the demo bundle, a tiny SAM 3 with "
+            "RANDOM weights shipped with the package: the masks show the machinery, not the model's "
+            "skill. Export a real facebook/sam3 snapshot with python -m graphs.export for real "
+            "masks."
+        ),
     )
+    demo.add_argument("-o", "--output", type=Path, default=None, metavar="OUT.mp4",
+                      help="mask video to write (default: ./bikes.masks.mp4)")
+    demo.add_argument("--max-frames", type=int_at_least(1), default=DEMO_MAX_FRAMES, metavar="N",
+                      help=f"frames to process (default {DEMO_MAX_FRAMES})")
+    demo.add_argument("--backend", default="onnxruntime", metavar="NAME", help=argparse.SUPPRESS)
+    demo.add_argument("--device", default="cpu", metavar="NAME", help=argparse.SUPPRESS)
+    demo.set_defaults(func=cmd_demo)
+    return demo

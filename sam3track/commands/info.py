@@ -183,3 +183,15 @@ def cmd_info(args: argparse.Namespace) -> int:
     lines.extend(f"  {line}" for line in _backends_lines())
     print("\n".join(lines))
     return EXIT_OK
+
+
+def add_parser(sub) -> argparse.ArgumentParser:
+    """``sam3track info`` and its argument, on the CLI's subparsers."""
+    info = sub.add_parser(
+        "info",
+        help="describe a bundle: source, graphs, tensors and the backends that can run it",
+        description="Print a bundle's manifest in brief.",
+    )
+    info.add_argument("bundle", type=Path, metavar="BUNDLE", help="bundle folder")
+    info.set_defaults(func=cmd_info)
+    return info

@@ -1,408 +1,161 @@
-"""``sam3track track``: track text prompts through a video into a mask video, JSON and PNGs."""
+"""``sam3track track``: its arguments, and the job they describe (:mod:`sam3track.jobs.track`)."""
 
 from __future__ import annotations
 
 import argparse
 import os
-import sys
-import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
-from tqdm import tqdm
+from sam3track.commands.common import int_at_least, setting
+from sam3track.errors import UsageError
+from sam3track.jobs import track as job_module
+from sam3track.jobs.geometric import BOX_FORM, POINT_FORM, parse_box, parse_point
+from sam3track.jobs.track import TrackJob
+from sam3track.video.writer import VIDEO_SUFFIXES
 
-import sam3track
-from sam3track.commands.common import EXIT_ERROR, EXIT_OK, CliError
-from sam3track.commands.interrupts import InterruptGuard, exit_code_for
-from sam3track.commands.prompts import GeometricOption, check_in_video, group_calls
-from sam3track.commands.outputs import (
-    check_masks_dir,
-    check_output_file,
-    close_all,
-    close_bar,
-    default_output,
-    same_file,
-)
-from sam3track.errors import Sam3TrackError
-from sam3track.render import draw_objects
-from sam3track.sinks import JsonSink, MasksDirSink
-from sam3track.video import MaskVideoWriter, open_source
-
-VIDEO_SUFFIXES = (".mp4", ".m4v", ".mov", ".mkv")  # what MaskVideoWriter can write
-MASK_ID_OFFSET = 1  # object ids start at 0; PNG value 0 is background
+__all__ = ["GeometricAction", "VIDEO_SUFFIXES", "add_parser", "cmd_track", "job_from_args", "run_track"]
 
 
-def run_track(
-    video: str | os.PathLike[str],
-    prompts: Sequence[str],
-    *,
-    bundle: str | os.PathLike[str] | None = None,
-    output: str | os.PathLike[str] | None = None,
-    json_path: str | os.PathLike[str] | None = None,
-    masks_dir: str | os.PathLike[str] | None = None,
-    start_frame: int = 0,
-    max_frames: int | None = None,
-    backend: str = "onnxruntime",
-    device: str = "cpu",
-    overrides: dict | None = None,
-    keep_timestamps: bool = False,
-    geometric: Sequence[GeometricOption] = (),
-    stdout: TextIO | None = None,
-    stderr: TextIO | None = None,
-    predictor: Any = None,
-    report: dict | None = None,
-    threads: int | None = None,
-    precision: str | None = None,
-    shapes: str | None = None,
-) -> int:
-    """Track ``prompts`` through ``video`` and write the outputs; returns the exit code.
+class GeometricAction(argparse.Action):
+    """--point / --box: parsed at once (errors name the option and value) and tagged with the
+    --obj-id in force, into the one ordered list ``namespace.geometric``."""
 
-    ``threads``, ``precision``, ``shapes``: passed to :func:`sam3track.load` when given (intra-op
-    threads for any backend; ``precision`` "fp32" or "bf16" and ``shapes`` "dynamic" or "static" for
-    ``backend="openvino"``).
-
-    ``predictor``: a predictor already loaded from ``bundle`` (with ``backend``, ``device`` and
-    ``overrides``) to use instead of loading the bundle again; it is left open, so one process can
-    track many videos with graphs loaded once (``sam3track batch``). ``report``: a dict that a
-    successful run fills with ``frames``, ``objects`` (ids seen) and ``outputs`` (paths written).
-
-    ``geometric``: the --point / --box options (:mod:`sam3track.commands.prompts`), applied with
-    ``session.add_prompt`` after the text prompts and before tracking starts.
-
-    User errors (:class:`Sam3TrackError`, and OSError on outputs) are printed as
-    ``error: <message>`` and give 2. A Ctrl-C (SIGINT) or SIGTERM gives 128 + the signal number
-    (130, 143) after leaving the frames done beside the outputs, under ``.interrupted`` names.
-    The mask video starts at time 0 unless ``keep_timestamps`` keeps the input's own times.
-    """
-    out = stdout or sys.stdout
-    err = stderr or sys.stderr
-    overrides = dict(overrides or {})
-    if threads is not None:
-        overrides["threads"] = threads
-    if precision is not None:
-        overrides["precision"] = precision
-    if shapes is not None:
-        overrides["shapes"] = shapes
-    try:
-        with InterruptGuard() as guard:
-            return _track(
-                guard, Path(video), list(prompts), bundle, output, json_path, masks_dir,
-                start_frame, max_frames, backend, device, overrides, keep_timestamps,
-                list(geometric), out, err, predictor, report if report is not None else {},
-            )
-    except KeyboardInterrupt as e:  # before any output was opened
-        print("interrupted before any frame was processed; no outputs written", file=err)
-        return exit_code_for(e)
-    except (Sam3TrackError, OSError) as e:
-        print(f"error: {e}", file=err)
-        return EXIT_ERROR
-
-
-def _track(
-    guard: InterruptGuard,
-    video: Path,
-    prompts: list[str],
-    bundle: str | os.PathLike[str] | None,
-    output: str | os.PathLike[str] | None,
-    json_path: str | os.PathLike[str] | None,
-    masks_dir: str | os.PathLike[str] | None,
-    start_frame: int,
-    max_frames: int | None,
-    backend: str,
-    device: str,
-    overrides: dict,
-    keep_timestamps: bool,
-    geometric: list[GeometricOption],
-    out: TextIO,
-    err: TextIO,
-    loaded: Any,
-    report: dict,
-) -> int:
-    # 1. Arguments that need no file access.
-    if bundle is None:
-        # The demo bundle has random weights: tracking with it silently would look like a
-        # model that finds nothing, so a real bundle must be asked for by name.
-        raise CliError(
-            "--bundle DIR is required: export a checkpoint with python -m graphs.export "
-            "--checkpoint SNAPSHOT --out BUNDLE, or run `sam3track demo` to see the machinery "
-            "with random weights"
-        )
-    if not prompts and not geometric:
-        raise CliError("give at least one --prompt TEXT (e.g. --prompt person), --point or --box")
-    calls = group_calls(geometric)
-    for text in prompts:
-        if not text.strip():
-            raise CliError("--prompt is empty; give the words to find, e.g. --prompt 'red car'")
-    if max_frames is not None and max_frames < 1:
-        raise CliError(f"--max-frames must be at least 1, got {max_frames}")
-    if start_frame < 0:
-        raise CliError(f"--start-frame must be 0 or more, got {start_frame}")
-
-    # 2. The input video (missing, not a video, no frames, undecodable: VideoError here). It is
-    # opened once: the session decodes each frame and the drawing reuses it from its cache.
-    reader = open_source(video)
-    try:
-        n_frames = len(reader)
-        if start_frame >= n_frames:
-            raise CliError(
-                f"--start-frame {start_frame} is outside {video}, which has {n_frames} frames "
-                f"(valid: 0..{n_frames - 1})"
-            )
-        stop = n_frames if max_frames is None else min(n_frames, start_frame + max_frames)
-        check_in_video(geometric, start_frame, stop, reader.width, reader.height)
-
-        # 3. Outputs, checked before any work so a typo doesn't cost a whole run.
-        video_out = Path(output) if output is not None else default_output(video)
-        if video_out.is_dir():  # before the suffix check, whose complaint would mislead
-            raise CliError(f"-o {video_out} is a folder; give a file name, e.g. "
-                           f"{video_out / default_output(video).name}")
-        if video_out.suffix.lower() not in VIDEO_SUFFIXES:
-            raise CliError(
-                f"cannot write {video_out}: unknown video suffix {video_out.suffix!r}; "
-                f"use one of {', '.join(VIDEO_SUFFIXES)}"
-            )
-        check_output_file(video_out, "the video")
-        json_out = Path(json_path) if json_path is not None else None
-        if json_out is not None:
-            check_output_file(json_out, "the JSON")
-        masks_out = Path(masks_dir) if masks_dir is not None else None
-        if masks_out is not None:
-            check_masks_dir(masks_out)
-        named = [("-o", video_out), ("--json", json_out), ("--masks-dir", masks_out)]
-        for flag, path in named:
-            if path is not None and same_file(path, video):
-                raise CliError(f"{flag} {path} is the input video; choose another output path")
-        files = [(f, p) for f, p in named if p is not None]
-        for i, (flag_a, a) in enumerate(files):
-            for flag_b, b in files[i + 1:]:
-                if same_file(a, b):
-                    raise CliError(f"{flag_a} and {flag_b} both name {a}; give them different paths")
-
-        # 4. The bundle.
-        bundle_dir = Path(bundle)
-        if not bundle_dir.exists():
-            raise CliError(
-                f"bundle folder not found: {bundle_dir}; export one with "
-                f"python -m graphs.export --checkpoint SNAPSHOT --out {bundle_dir}"
-            )
-        if not bundle_dir.is_dir():
-            raise CliError(f"--bundle {bundle_dir} is a file; pass the bundle's folder")
+    def __call__(self, parser, namespace, value, option_string=None):
+        parse = parse_point if self.dest == "point" else parse_box
         try:
-            predictor = loaded if loaded is not None else sam3track.load(
-                bundle_dir, backend=backend, device=device, **overrides)
-        except (Sam3TrackError, KeyboardInterrupt):
-            raise
-        except Exception as e:  # a backend's own exception type: still the bundle's fault
-            raise sam3track.BundleError(
-                f"cannot load the bundle {bundle_dir} with {backend} on {device}: "
-                f"{type(e).__name__}: {e}"
-            ) from e
-        try:
-            with predictor.start_session(reader) as session:  # the session does not close it
-                if getattr(session, "box_prompts", "tracker") == "detector":
-                    _add_sam31_prompts(session, prompts, geometric, calls, start_frame)
-                else:
-                    for text in prompts:
-                        session.add_prompt(frame_index=start_frame, text=text)
-                    _add_geometric(session, calls, bool(prompts))
-                return _propagate(
-                    guard, session, reader, video, prompts, geometric, start_frame, stop, max_frames,
-                    video_out, json_out, masks_out, bundle_dir, keep_timestamps, out, err, report,
-                )
-        finally:
-            if loaded is None:  # a predictor handed in belongs to the caller
-                predictor.close()
-    finally:
-        reader.close()
+            item = parse(value, getattr(namespace, "obj_id", None))
+        except UsageError as e:
+            parser.error(str(e))
+        namespace.geometric = list(getattr(namespace, "geometric", None) or []) + [item]
 
 
-def _add_sam31_prompts(session: Any, prompts: list[str], geometric: list, calls: list, start: int) -> None:
-    """A SAM 3.1 bundle: one detector prompt (Meta's add_prompt starts over on each), the text with every
-    --box as its exemplars (labels 1), on the start frame; then the --point calls, which add or refine
-    objects by clicks."""
-    if len(prompts) > 1:
-        raise CliError(f"a SAM 3.1 bundle takes one --prompt (each text prompt starts over in Meta's SAM 3.1); "
-                       f"got {len(prompts)}: {', '.join(map(repr, prompts))}")
-    boxes = [g for g in geometric if g.option == "--box"]
-    for g in boxes:
-        if g.obj_id is not None or g.frame != start:
-            raise CliError(f"{g}: on a SAM 3.1 bundle a box is an exemplar of the text prompt on the start frame "
-                           f"{start} (Meta's SAM 3.1 detector prompt), not an object: give it as --box {start}:... "
-                           "without --obj-id")
-    if prompts or boxes:
-        try:
-            session.add_prompt(frame_index=start, text=prompts[0] if prompts else None,
-                               boxes=[list(g.coords) for g in boxes] or None)
-        except Sam3TrackError as e:
-            raise CliError(f"{', '.join(map(str, boxes)) or '--prompt'}: {e}") from e
-    for call in calls:
-        if call.box is None:
-            try:
-                session.add_prompt(**call.kwargs())
-            except Sam3TrackError as e:
-                raise CliError(f"{', '.join(map(str, call.options))}: {e}") from e
-
-
-def _add_geometric(session: Any, calls: list, have_text: bool) -> None:
-    """Apply the --point / --box prompts. With text prompts, a frame whose clicks name an object id
-    is first tracked with the text (the official add_prompt(text) does so), so the id can be one
-    the text finds there. Errors name the options of the call at fault."""
-    text_run: set[int] = set()
-    for call in calls:
-        if have_text and call.obj_id is not None and call.frame_index not in text_run:
-            session.run_frame(call.frame_index)
-            text_run.add(call.frame_index)
-        try:
-            session.add_prompt(**call.kwargs())
-        except Sam3TrackError as e:
-            raise CliError(f"{', '.join(map(str, call.options))}: {e}") from e
-
-
-def _propagate(
-    guard: InterruptGuard,
-    session: Any,
-    reader: Any,
-    video: Path,
-    prompts: list[str],
-    geometric: list[GeometricOption],
-    start: int,
-    stop: int,
-    max_frames: int | None,
-    video_out: Path,
-    json_out: Path | None,
-    masks_out: Path | None,
-    bundle_dir: Path,
-    keep_timestamps: bool,
-    out: TextIO,
-    err: TextIO,
-    report: dict,
-) -> int:
-    sinks: list[Any] = []
-    written: list[Path] = []
-    done = 0
-    seen: set[int] = set()
-    bar = None
-    results = None
-    # A clip cut from a longer video starts at 0 like any video, unless the user wants the
-    # source's clock (to line the masks up with the original); spacing is kept either way.
-    pts_offset = 0 if keep_timestamps else reader.pts(start)
-    started = time.perf_counter()
-    try:
-        writer = MaskVideoWriter.like(video_out, reader)
-        sinks.append(writer)
-        written.append(video_out)
-        json_sink = None
-        if json_out is not None:
-            metadata = {
-                "video": str(video),
-                "prompts": prompts,
-                "clicks_and_boxes": [g.to_json() for g in geometric],
-                "bundle": str(bundle_dir),
-                "start_frame": start,
-                "max_frames": max_frames,
-                "width": reader.width,
-                "height": reader.height,
-                "fps": float(reader.frame_rate),
-                "keep_timestamps": keep_timestamps,
-                "id_offset_in_masks_dir": MASK_ID_OFFSET if masks_out is not None else None,
-            }
-            json_sink = JsonSink(json_out, metadata=metadata)
-            sinks.append(json_sink)
-            written.append(json_out)
-        masks_sink = None
-        if masks_out is not None:
-            masks_sink = MasksDirSink(masks_out, id_offset=MASK_ID_OFFSET)
-            sinks.append(masks_sink)
-            written.append(masks_out)
-
-        bar = tqdm(total=stop - start, desc="tracking", unit="frame", file=err,
-                   dynamic_ncols=True, smoothing=0.1)
-        results = session.propagate(direction="forward", start_frame=start, max_frames=max_frames)
-        for result in results:
-            index = start + done
-            if index >= stop:
-                raise Sam3TrackError(
-                    f"the predictor returned frame {result.frame_index}, past the last frame "
-                    f"asked for ({stop - 1}); this is a bug in sam3track, please report it"
-                )
-            if int(result.frame_index) != index:
-                raise Sam3TrackError(
-                    f"the predictor returned frame {result.frame_index} where frame "
-                    f"{index} was expected; this is a bug in sam3track, please report it"
-                )
-            # The frame the session just tracked, from its decode cache: decoded once per run.
-            rendered = draw_objects(session.frame(index), result)
-            with guard.atomic():  # all outputs get this frame, or none does
-                writer.write(rendered, pts=reader.pts(index) - pts_offset,
-                             time_base=reader.time_base)
-                if json_sink is not None:
-                    json_sink.write(result)
-                if masks_sink is not None:
-                    masks_sink.write(result)
-                done += 1
-            seen.update(int(i) for i in result.object_ids)
-            bar.set_postfix(objects=len(result), refresh=False)
-            bar.update(1)
-        if done == 0:
-            raise Sam3TrackError(f"the predictor returned no frames for {video} from frame {start}")
-        guard.finish()  # every frame is written: from here on, a signal cannot stop the closing
-    except KeyboardInterrupt as e:
-        kept = _close_early(guard, bar, sinks, written)
-        print(f"interrupted after {done} frames; {_partial_note(kept)}", file=err)
-        return exit_code_for(e)
-    except (Sam3TrackError, OSError) as e:
-        kept = _close_early(guard, bar, sinks, written)
-        where = f"; {done} frames done, {_partial_note(kept)}" if kept else ""
-        print(f"error: {e}{where}", file=err)
-        return EXIT_ERROR
-    finally:
-        if results is not None and hasattr(results, "close"):
-            with guard.finalising():
-                results.close()
-
-    close_bar(bar)
-    try:
-        for sink in sinks:
-            sink.close(complete=True)
-    except (Sam3TrackError, OSError):
-        close_all(sinks, written, complete=False)
-        raise
-    elapsed = time.perf_counter() - started
-    fps = done / elapsed if elapsed > 0 else float("inf")
-    outputs = ", ".join(str(p) + ("/" if p == masks_out else "") for p in written)
-    report.update(frames=done, objects=len(seen), outputs=[str(p) for p in written])
-    print(
-        f"tracked {done} frames ({start}..{start + done - 1}) in {elapsed:.1f} s "
-        f"({fps:.1f} frames/s), {len(seen)} object{'' if len(seen) == 1 else 's'} seen; "
-        f"wrote {outputs}",
-        file=out,
-    )
-    return EXIT_OK
-
-
-def _close_early(
-    guard: InterruptGuard, bar: Any, sinks: list[Any], written: list[Path]
-) -> list[str]:
-    """Close the progress bar and every output after a run stopped early (a signal or an error);
-    where the outputs that hold something ended up (their ``.interrupted`` names)."""
-    with guard.finalising():
-        close_bar(bar)
-        return close_all(sinks, written, complete=False)
-
-
-def _partial_note(kept: list[str]) -> str:
-    if not kept:
-        return "no outputs written"
-    return (f"partial outputs written to {', '.join(kept)} (the paths asked for were left "
-            f"untouched; run again for complete outputs)")
+def job_from_args(args: argparse.Namespace) -> TrackJob:
+    load_options = dict(args.set)
+    for name in ("threads", "precision", "shapes"):
+        if getattr(args, name) is not None:
+            load_options[name] = getattr(args, name)
+    return TrackJob(video=args.video, prompts=list(args.prompt), bundle=args.bundle, output=args.output,
+                    json_path=args.json, masks_dir=args.masks_dir, start_frame=args.start_frame,
+                    max_frames=args.max_frames, backend=args.backend, device=args.device,
+                    load_options=load_options, keep_timestamps=args.keep_timestamps,
+                    geometric=list(args.geometric or []))
 
 
 def cmd_track(args: argparse.Namespace) -> int:
-    return run_track(
-        args.video, args.prompt, bundle=args.bundle, output=args.output, json_path=args.json,
-        masks_dir=args.masks_dir, start_frame=args.start_frame, max_frames=args.max_frames,
-        backend=args.backend, device=args.device, overrides=dict(args.set),
-        keep_timestamps=args.keep_timestamps, geometric=args.geometric,
-        threads=args.threads, precision=args.precision, shapes=args.shapes,
+    return job_module.run_track(job_from_args(args))
+
+
+def run_track(video: str | os.PathLike[str], prompts: Sequence[str], *, overrides: dict | None = None,
+              threads: int | None = None, precision: str | None = None, shapes: str | None = None,
+              stdout: TextIO | None = None, stderr: TextIO | None = None, predictor: Any = None,
+              report: dict | None = None, **job: Any) -> int:
+    """Deprecated: ``sam3track.jobs.run_track(TrackJob(...))``. The keyword form of earlier releases:
+    ``overrides``, ``threads``, ``precision`` and ``shapes`` become the job's ``load_options``; the
+    other keywords are :class:`~sam3track.jobs.TrackJob` fields."""
+    load_options = dict(overrides or {})
+    for name, value in (("threads", threads), ("precision", precision), ("shapes", shapes)):
+        if value is not None:
+            load_options[name] = value
+    job["geometric"] = list(job.get("geometric") or [])
+    return job_module.run_track(TrackJob(video=video, prompts=list(prompts), load_options=load_options, **job),
+                                stdout=stdout, stderr=stderr, predictor=predictor, report=report)
+
+
+def add_parser(sub) -> argparse.ArgumentParser:
+    """``sam3track track`` and its arguments, on the CLI's subparsers."""
+    track = sub.add_parser(
+        "track",
+        # --bundle is checked by track itself (to explain how to get one), so argparse would
+        # print it as optional; spell the usage out.
+        usage="%(prog)s VIDEO (--prompt TEXT | --point ... | --box ...) ... --bundle DIR [options]",
+        help="track text prompts through a video and write a mask video (and JSON / PNG masks)",
+        description=(
+            "Find every object matching the text prompts and track it through the video. Writes "
+            "the video with tinted masks, boxes and labels (same size, frame count and timing "
+            "as the input frames processed), plus optional JSON and PNG masks. Ctrl-C or "
+            "SIGTERM stops early (exit code 130 or 143): the frames done are kept as valid "
+            "outputs named <stem>.interrupted<suffix> (and <dir>.interrupted for --masks-dir) "
+            "beside the paths asked for, which only ever hold complete outputs.\n\n"
+            "Clicks and boxes (video pixels) add or correct objects on given frames: "
+            "--point FRAME:X,Y[:LABEL] (LABEL 1 positive, the default, or 0 negative) and "
+            "--box FRAME:X0,Y0,X1,Y1, both repeatable. --obj-id ID applies to every --point and "
+            "--box after it, up to the next --obj-id. Without an object id, the clicks on one frame "
+            "form one new object and each box is a new object; with one, they add to (or refine) "
+            "object ID on that frame, a new object if ID is not tracked yet. With --prompt too, a "
+            "frame that has clicks for an --obj-id is first tracked with the text, so ID can name an "
+            "object the text finds there (the ids --json shows). Prompts must lie on the frames "
+            "processed; they are applied before tracking starts at --start-frame."
+        ),
     )
+    _add_inputs(track)
+    _add_outputs(track)
+    _add_backend_options(track)
+    track.set_defaults(func=cmd_track, geometric=[], usage_error=track.error)
+    return track
+
+
+def _add_inputs(track: argparse.ArgumentParser) -> None:
+    """The video, the prompts and the bundle."""
+    track.add_argument("video", type=Path, metavar="VIDEO",
+                       help="video file (mp4, mkv, mov, ...) or a folder of images")
+    track.add_argument("--prompt", "-p", action="append", default=[], metavar="TEXT",
+                       help="what to find, e.g. 'person' or 'red car'; repeat for several (optional when "
+                            "--point or --box is given)")
+    track.add_argument("--point", action=GeometricAction, metavar=POINT_FORM,
+                       help="a click on frame FRAME at (X, Y) video pixels; LABEL 1 positive (default) or 0 "
+                            "negative; repeatable")
+    track.add_argument("--box", action=GeometricAction, metavar=BOX_FORM,
+                       help="a box on frame FRAME, corners in video pixels; repeatable")
+    track.add_argument("--obj-id", type=int_at_least(0), default=None, metavar="ID",
+                       help="the object the --point / --box options after it belong to (until the next "
+                            "--obj-id); without one, a frame's clicks make one new object, each box another")
+    track.add_argument("--bundle", "-b", type=Path, default=None, metavar="DIR",
+                       help="exported bundle (required): python -m graphs.export --checkpoint "
+                            "SNAPSHOT --out DIR; `sam3track demo` shows the machinery without one")
+
+
+
+def _add_outputs(track: argparse.ArgumentParser) -> None:
+    """The mask video, JSON and PNG masks, the frames they cover, and their timing."""
+    track.add_argument("-o", "--output", type=Path, default=None, metavar="OUT.mp4",
+                       help="mask video to write (.mp4, .m4v, .mov, .mkv); default: "
+                            "<video stem>.masks.mp4 next to the input")
+    track.add_argument("--json", type=Path, default=None, metavar="OUT.json",
+                       help="also write every frame's objects (id, prompt, score, box, COCO RLE "
+                            "mask; decode with sam3track.sinks.decode_rle) as JSON")
+    track.add_argument("--masks-dir", type=Path, default=None, metavar="DIR",
+                       help="also write one PNG per frame, DIR/<frame:06d>.png, whose pixel value "
+                            "is object id + 1 (0 = background; 16-bit when an id exceeds 254); "
+                            "read with cv2.imread(path, cv2.IMREAD_UNCHANGED); staged in "
+                            "DIR.partial and moved into DIR when the run completes")
+    track.add_argument("--start-frame", type=int_at_least(0), default=0, metavar="N",
+                       help="first frame to process (0-based; default 0)")
+    track.add_argument("--max-frames", type=int_at_least(1), default=None, metavar="N",
+                       help="process at most N frames (default: to the end of the video)")
+    track.add_argument("--keep-timestamps", action="store_true",
+                       help="give the mask video the input's own timestamps (a clip from "
+                            "--start-frame N then starts at frame N's time); default: the first "
+                            "frame written is at 0, spacing unchanged")
+
+
+def _add_backend_options(track: argparse.ArgumentParser) -> None:
+    """How the graphs run: backend, device, precision, shapes, threads, config overrides."""
+    track.add_argument("--backend", default="onnxruntime", metavar="NAME",
+                       help="inference backend: onnxruntime, openvino (CPU; pip install "
+                            "'sam3track[openvino]'), or acl for an OM bundle (default: onnxruntime)")
+    track.add_argument("--device", default="cpu", metavar="NAME",
+                       help="device for the backend: cpu, cuda:N or cann:N (onnxruntime), cpu (openvino), "
+                            "npu:N (acl) (default: cpu)")
+    track.add_argument("--precision", default=None, metavar="fp32|bf16",
+                       help="openvino only: fp32 (default), or bf16 on CPUs with bf16 support (AMX, "
+                            "AVX512-BF16): faster, results may differ from fp32")
+    track.add_argument("--shapes", default=None, choices=("dynamic", "static"),
+                       help="openvino only: dynamic (default: each graph compiled once), or static (compiled "
+                            "again for each new call shape, seconds each, then faster: long videos)")
+    track.add_argument("--threads", type=int_at_least(1), default=None, metavar="N",
+                       help="intra-op threads for the backend (default: the backend's own, every core)")
+    track.add_argument("--set", type=setting, action="append", default=[], metavar="NAME=VALUE",
+                       help="override a threshold or heuristic of the bundle's configuration, e.g. "
+                            "--set new_det_thresh=0.6 (names: sam3track/config.py); repeat for several")

@@ -1,14 +1,17 @@
 """Model families: what differs between SAM 3 and SAM 3.1 bundles, chosen once from the manifest.
 
 A family says which graphs and manifest keys its bundles need, builds the one configuration object
-from the manifest, and makes the sessions. The predictor asks `family_of(manifest)` once and never
-branches on the family name again.
+from the manifest, and makes the sessions. `family_of(manifest)` looks the manifest's "family" up in
+FAMILIES; the predictor asks it once and never branches on the family name again. Adding a family is
+one entry there and its package beside ``sam3/`` and ``sam31/``.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Callable
+
+from ..errors import BundleError
 
 SAM3, SAM31 = "sam3", "sam3.1"
 
@@ -19,32 +22,40 @@ class Family:
     required_graphs: tuple[str, ...]
     required_keys: tuple[tuple[str, ...], ...]
     config_from_manifest: Callable  # (manifest, **overrides) -> config
-    session_class: Callable  # () -> the Session class
+    session_class: Callable  # () -> the Session class (imported on first use: loading a bundle needs none)
     check_geometry: bool  # the bundle's SAM 3 geometry checks apply
+
+
+def _sam3() -> Family:
+    from ..config import TrackerConfig
+    from . import sam3
+
+    def session():
+        from ..session import Session
+        return Session
+
+    return Family(SAM3, sam3.REQUIRED_GRAPHS, sam3.REQUIRED_KEYS, TrackerConfig.from_manifest, session, True)
+
+
+def _sam31() -> Family:
+    from .sam31 import config
+
+    def session():
+        from .sam31.session import Sam31Session
+        return Sam31Session
+
+    return Family(SAM31, config.REQUIRED_GRAPHS, config.REQUIRED_KEYS, config.Sam31Config.from_manifest,
+                  session, False)
+
+
+# manifest "family" -> its Family (absent means SAM 3: bundles from before SAM 3.1 carry no name)
+FAMILIES: dict[str, Callable[[], Family]] = {SAM3: _sam3, SAM31: _sam31}
 
 
 def family_of(manifest: dict) -> Family:
     """The family of a manifest ("family" absent means SAM 3); BundleError for any other name."""
-    from ..errors import BundleError
-
     name = manifest.get("family", SAM3)
-    if name == SAM3:
-        from ..bundle import REQUIRED_GRAPHS, REQUIRED_KEYS
-        from ..config import TrackerConfig
-
-        def session():
-            from ..session import Session
-            return Session
-
-        return Family(SAM3, REQUIRED_GRAPHS, REQUIRED_KEYS, TrackerConfig.from_manifest, session, True)
-    if name == SAM31:
-        from .sam31 import config
-
-        def session():
-            from .sam31.session import Sam31Session
-            return Sam31Session
-
-        return Family(SAM31, config.REQUIRED_GRAPHS, config.REQUIRED_KEYS, config.Sam31Config.from_manifest,
-                      session, False)
-    raise BundleError(f"the manifest names model family {name!r}; this sam3track runs {SAM3!r} and {SAM31!r} "
-                      "bundles")
+    if name not in FAMILIES:
+        raise BundleError(f"the manifest names model family {name!r}; this sam3track runs "
+                          f"{' and '.join(map(repr, FAMILIES))} bundles")
+    return FAMILIES[name]()

@@ -10,14 +10,11 @@ from __future__ import annotations
 import bisect
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import av
 
 from sam3track.errors import VideoError
-
-if TYPE_CHECKING:
-    from sam3track.video.video_file import VideoReader
 
 
 @dataclass(frozen=True)
@@ -67,6 +64,22 @@ def count_packets(path: str, stream_index: int) -> int:
         return sum(1 for p in container.demux(stream) if p.size and not p.is_discard)
 
 
+class IndexedFile(Protocol):
+    """What a cursor reads from the file it decodes (VideoReader): its name and frame count, its video
+    stream, fresh containers on it, and its packet index (``built_index``: None until first built)."""
+
+    name: str
+    stream_index: int
+
+    def __len__(self) -> int: ...
+
+    def open_container(self) -> Any: ...
+
+    def built_index(self) -> PacketIndex | None: ...
+
+    def packet_index(self) -> PacketIndex | None: ...
+
+
 class DecodeCursor:
     """One open container + decoder positioned somewhere in the video.
 
@@ -76,10 +89,10 @@ class DecodeCursor:
     frame sequential decoding would give.
     """
 
-    def __init__(self, reader: "VideoReader") -> None:
+    def __init__(self, reader: IndexedFile) -> None:
         self._reader = reader
-        self._container = reader._open_container()
-        self._stream = self._container.streams[reader._stream_index]
+        self._container = reader.open_container()
+        self._stream = self._container.streams[reader.stream_index]
         # Frame threading speeds decoding up; output is bit-identical to single-threaded.
         self._stream.thread_type = "AUTO"
         self._frames: Iterator[Any] | None = None
@@ -98,12 +111,12 @@ class DecodeCursor:
                 # Reopen rather than seek to 0: files without timestamps (raw .h264) refuse
                 # to seek, and a fresh container is at the start with a clean decoder.
                 self._container.close()
-                self._container = self._reader._open_container()
-                self._stream = self._container.streams[self._reader._stream_index]
+                self._container = self._reader.open_container()
+                self._stream = self._container.streams[self._reader.stream_index]
                 self._stream.thread_type = "AUTO"
             self._next_index = 0
         else:
-            index = self._reader._index
+            index = self._reader.built_index()
             assert index is not None
             self._container.seek(index.seek_ts[keyframe], stream=self._stream, backward=True)
             self._next_index = index.keyframes[keyframe]
@@ -112,7 +125,7 @@ class DecodeCursor:
         self._frames = self._container.decode(self._stream)
 
     def _index_of(self, frame: Any) -> int:
-        index = self._reader._index
+        index = self._reader.built_index()
         if index is not None and frame.pts is not None:
             found = index.pts_to_index.get(frame.pts)
             if found is not None:
@@ -141,7 +154,7 @@ class DecodeCursor:
     def frame_at(self, target: int) -> Any:
         reader = self._reader
         # Reading the next frame in order needs no index; anything else builds it (once).
-        index = reader._index if target == self._next_index else reader._lazy_index()
+        index = reader.built_index() if target == self._next_index else reader.packet_index()
         keyframe: int | None = None  # None = decode from the file start (files without pts)
         if index is not None and index.keyframes:
             keyframe = max(bisect.bisect_right(index.keyframes, target) - 1, 0)

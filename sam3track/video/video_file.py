@@ -48,7 +48,7 @@ class VideoReader(SizedSource):
             raise VideoError(
                 f"{self.name} is not a regular file; pass a video file or a folder of images"
             )
-        container = self._open_container()
+        container = self.open_container()
         try:
             streams = container.streams.video
             if not streams:
@@ -63,7 +63,7 @@ class VideoReader(SizedSource):
                     f"{self.name}: this build of PyAV/FFmpeg has no decoder for its video "
                     f"codec; re-encode the video to H.264 (ffmpeg -i in -c:v libx264 out.mp4)"
                 )
-            self._stream_index = stream.index
+            self.stream_index = stream.index
             self._width = int(stream.codec_context.width)
             self._height = int(stream.codec_context.height)
             self._time_base = Fraction(stream.time_base) if stream.time_base else None
@@ -75,7 +75,7 @@ class VideoReader(SizedSource):
 
         # stream.frames comes from the container header; formats without one (mkv, webm,
         # some avi) report 0, so count packets instead (demux only, no decoding).
-        self._num_frames = declared if declared > 0 else self._lazy_index_count()
+        self._num_frames = declared if declared > 0 else self.packet_index_count()
         if self._num_frames == 0:
             raise VideoError(f"{self.name} has a video stream but no frames; pass another file")
         if self._time_base is None:
@@ -99,7 +99,7 @@ class VideoReader(SizedSource):
 
     # -- opening ----------------------------------------------------------------------------
 
-    def _open_container(self) -> Any:
+    def open_container(self) -> Any:
         try:
             return av.open(self.name, mode="r")
         except av.error.FFmpegError as e:
@@ -108,17 +108,22 @@ class VideoReader(SizedSource):
                 f"or a folder of images"
             ) from e
 
-    def _lazy_index(self) -> PacketIndex | None:
+    def built_index(self) -> PacketIndex | None:
+        """The packet index if already built (no demux pass here), else None."""
+        return self._index
+
+    def packet_index(self) -> PacketIndex | None:
+        """The packet index, built by one demux pass on first use; None when packets carry no pts."""
         if not self._index_built:
-            self._index = build_packet_index(self.name, self._stream_index)
+            self._index = build_packet_index(self.name, self.stream_index)
             self._index_built = True
         return self._index
 
-    def _lazy_index_count(self) -> int:
-        index = self._lazy_index()
+    def packet_index_count(self) -> int:
+        index = self.packet_index()
         if index is not None:
             return len(index.pts)
-        return count_packets(self.name, self._stream_index)
+        return count_packets(self.name, self.stream_index)
 
     # -- properties -------------------------------------------------------------------------
 
@@ -130,7 +135,7 @@ class VideoReader(SizedSource):
         if self._avg_rate:
             return self._avg_rate
         # No declared rate: derive it from the timestamps if we can, else a sane default.
-        index = self._lazy_index()
+        index = self.packet_index()
         tb = self._time_base
         if index is not None and tb is not None and len(index.pts) > 1:
             span = (index.pts[-1] - index.pts[0]) * tb
@@ -145,7 +150,7 @@ class VideoReader(SizedSource):
 
     def pts(self, index: int) -> int:
         index = self._check_index(index)
-        packets = self._lazy_index()
+        packets = self.packet_index()
         if packets is not None and index < len(packets.pts):
             return packets.pts[index]
         return round(index / (self.frame_rate * self.time_base))  # no pts in the file

@@ -27,6 +27,7 @@ log = logging.getLogger(__name__)
 # Container chosen from the destination's suffix; the temporary file has another suffix, so
 # the format is always passed explicitly.
 _FORMATS = {".mp4": "mp4", ".m4v": "mp4", ".mov": "mov", ".mkv": "matroska"}
+VIDEO_SUFFIXES = tuple(_FORMATS)  # what MaskVideoWriter can write
 
 
 def _as_fraction(value: float | Fraction, what: str) -> Fraction:

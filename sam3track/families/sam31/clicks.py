@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from ...errors import CapacityError, PromptError
-from . import heuristics as H
+from . import heuristics
 from .buckets import BucketRegistry
 from .memory import FrameRecord, TrackerState
 from .resize import bilinear, bilinear_antialias
@@ -71,7 +71,7 @@ class ClickPrompts:
         if self.config.masklet_confirmation_enable:
             i = int(np.flatnonzero(meta.obj_ids == obj_id)[0])
             # Meta writes status 1 here, which is UNCONFIRMED (its comment says it confirms the object)
-            meta.status[i] = H.UNCONFIRMED
+            meta.status[i] = heuristics.UNCONFIRMED
             meta.consecutive_det[i] = self.config.masklet_confirmation_consecutive_det_thresh
         return mask
 

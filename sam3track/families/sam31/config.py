@@ -7,7 +7,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from ...config import ConfigError
+from ...config import ConfigError, check_override_names, refuse_fixed
 
 REQUIRED_GRAPHS = ("text_encoder", "backbone", "interactive_neck", "grounding_head", "propagation_decoder",
                    "memory_encoder", "interactive_decoder", "mask_init")
@@ -110,14 +110,9 @@ class Sam31Config:
             raise ConfigError(f"the manifest's preprocessing.image_size {pre['image_size']} differs from "
                               f"config.tracker.image_size {values['image_size']}; export the bundle again")
         fields = {f.name: f for f in dataclasses.fields(cls)}
-        unknown = sorted(set(overrides) - set(fields))
-        if unknown:
-            raise ConfigError(f"unknown configuration options {unknown} for a SAM 3.1 bundle; the names are the "
-                              "fields of sam3track.families.sam31.config.Sam31Config")
+        check_override_names(overrides, fields, " for a SAM 3.1 bundle", "sam3track.families.sam31.config.Sam31Config")
         for name, value in overrides.items():
-            if name in FIXED_BY_MODEL:
-                raise ConfigError(f"configuration option {name} is fixed by the exported graphs and cannot be "
-                                  "overridden; export the checkpoint again to change it")
+            refuse_fixed(name, FIXED_BY_MODEL)
             want = type(values[name])
             ok = isinstance(value, bool) if want is bool else (
                 isinstance(value, (int, float)) and not isinstance(value, bool)

@@ -10,7 +10,7 @@ import numpy as np
 
 from ...call_sizes import chunks, pad_rows
 from ...mask_ops import apply_non_overlapping_constraints
-from . import heuristics as H
+from . import heuristics
 from .buckets import BucketRegistry
 from .memory import FrameRecord, TrackerState
 from .resize import bilinear, bilinear_antialias
@@ -125,7 +125,7 @@ class MaskInputs:
         self._encode(features, [(state, record, {o: high[i] for i, o in enumerate(ids)})])
 
     # ------------------------------------------------------------------------------ reconditioning
-    def recondition(self, frame: int, features: dict, det: H.Detections, recondition: dict[int, int]) -> None:
+    def recondition(self, frame: int, features: dict, det: heuristics.Detections, recondition: dict[int, int]) -> None:
         """Meta's _recondition_masklets after its filter: per tracker state (in the order its objects
         come), add_new_masks(reconditioning=True) with the detections' masks, then
         propagate_in_video_preflight. Each object's slots of the frame's output take mask_init's pointer

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ...backends import Backend, DeviceTensor
-from ...memory_bank import ZERO_ROW, DevicePool
+from ...memory_bank import ZERO_ROW, DevicePool, select_closest_cond_frames
 from .buckets import BucketRegistry
 
 
@@ -105,20 +105,8 @@ def select(frame: int, state: TrackerState, num_frames: int, reverse: bool, num_
     for f, r in state.kept_cond.items():
         conds.setdefault(f, r)
     non_conds = {f: r for f, r in state.frames.items() if not r.cond and f != frame}
-    cond = sorted(conds)
-    if len(cond) <= max_cond:
-        selected = list(cond)
-    else:  # select_closest_cond_frames: closest before, closest at or after, then the nearest
-        selected = []
-        before = [t for t in cond if t < frame]
-        after = [t for t in cond if t >= frame]
-        if before:
-            selected.append(max(before))
-        if after:
-            selected.append(min(after))
-        rest = sorted((t for t in cond if t not in selected), key=lambda t: abs(t - frame))
-        selected += rest[:max_cond - len(selected)]
-    unselected = {t: conds[t] for t in cond if t not in selected}
+    chosen, unselected = select_closest_cond_frames(frame, {t: conds[t] for t in sorted(conds)}, max_cond)
+    selected = list(chosen)
 
     def previous(t: int):  # Meta: non_cond_frame_outputs.get(t, unselected_cond_outputs.get(t))
         return non_conds.get(t, unselected.get(t))

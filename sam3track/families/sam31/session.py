@@ -30,7 +30,7 @@ from __future__ import annotations
 import numpy as np
 
 from ...errors import (ArgumentError, FrameIndexError, ObjectIdError, PromptError, SessionBusyError,
-                       SessionClosedError, VideoError, shown)
+                       SessionClosedError, VideoError, is_whole_number, shown)
 from ...postprocess import masks_to_boxes
 from ...results import FrameResult
 from .resize import bilinear
@@ -39,10 +39,6 @@ from .tracker import BoxPrompt, FrameOut, Sam31Tracker
 DIRECTIONS = ("forward", "backward", "both")
 # What Meta's SAM 3.1 encodes as the text of a boxes-only add_prompt (reset_state's find_text_batch[0])
 BOXES_ONLY_TEXT = "<text placeholder>"
-
-
-def _is_int(value) -> bool:
-    return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
 
 
 def pixel_values(rgb: np.ndarray, config) -> np.ndarray:
@@ -172,7 +168,7 @@ class Sam31Session:
 
     def _check_frame(self, index, what: str = "frame index") -> None:
         n = self.num_frames
-        if not _is_int(index) or not 0 <= index < n:
+        if not is_whole_number(index) or not 0 <= index < n:
             raise FrameIndexError(f"{what} {index!r} is out of range: the video has {n} frames (0..{n - 1})")
 
     # -------------------------------------------------------------------------------- prompts
@@ -315,7 +311,7 @@ class Sam31Session:
         t = self.tracker
         if obj_id is None:
             obj_id = t.meta.max_obj_id + 1
-        elif not _is_int(obj_id) or obj_id < 0:
+        elif not is_whole_number(obj_id) or obj_id < 0:
             raise ObjectIdError(f"{where}: obj_id {shown(obj_id)} must be a whole number >= 0 (or None for a new "
                                 "object)")
         obj_id = int(obj_id)
@@ -389,7 +385,7 @@ class Sam31Session:
                 raise PromptError("no prompt in this session; call session.add_prompt(frame_index, text=...) first")
             start_frame = min(self.prompted_frames)
         self._check_frame(start_frame, "start_frame")
-        if max_frames is not None and (not _is_int(max_frames) or max_frames < 1):
+        if max_frames is not None and (not is_whole_number(max_frames) or max_frames < 1):
             raise ArgumentError(f"max_frames must be a whole number >= 1 or None, not {shown(max_frames)}")
         if not self.prompted_frames:
             raise PromptError("no prompt in this session; call session.add_prompt(frame_index, text=...) first")
@@ -529,7 +525,7 @@ class Sam31Session:
         changes what its bucket-mates attend to from now on) and every cached frame."""
         self._check_open()
         self._check_idle("remove_object() was called")
-        if not _is_int(obj_id) or int(obj_id) not in self.object_ids:
+        if not is_whole_number(obj_id) or int(obj_id) not in self.object_ids:
             raise ObjectIdError(f"object {shown(obj_id)} is not tracked in this session "
                                 f"(tracked: {self.object_ids})")
         obj_id = int(obj_id)

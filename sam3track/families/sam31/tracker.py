@@ -29,7 +29,7 @@ from ...errors import CapacityError, PromptError
 from ...mask_ops import (fill_holes_in_mask_scores, objects_to_suppress_by_recent_occlusion,
                          suppress_object_pw_area_shrinkage)
 from ...phases import FramePhases, run_frame
-from . import heuristics as H
+from . import heuristics
 from .clicks import ClickPrompts
 from .mask_inputs import MaskInputs
 from .memory import FrameRecord, MultiplexMemory, TrackerState, propagation_feeds, select
@@ -47,11 +47,11 @@ def _sigmoid(x):
 
 
 @dataclass
-class Grounded:
+class Sam31Grounded:
     """The backbone + grounding phase's result."""
 
     features: dict  # the backbone's device tensors of the frame
-    det: H.Detections
+    det: heuristics.Detections
 
 
 @dataclass(frozen=True)
@@ -63,7 +63,7 @@ class BoxPrompt:
 
 
 @dataclass
-class Tracked:
+class Sam31Tracked:
     """The propagation phase's result: every tracked object, sorted by id."""
 
     obj_ids: np.ndarray  # int64 [M]
@@ -72,7 +72,7 @@ class Tracked:
 
 
 @dataclass
-class FramePlan:
+class Sam31FramePlan:
     """The planning phase's decisions for one frame (SAM 3: planning.FramePlan)."""
 
     track_masks: np.ndarray  # the tracked objects' logits after occlusion suppression (memories read them)
@@ -81,7 +81,7 @@ class FramePlan:
     removed_ids: set[int]  # removed by the hotstart rule
     unconfirmed: list[int]
     dropped: int  # new detections over max_num_objects
-    meta: H.TrackMeta  # the metadata after this frame (hotstart counters, rows, confirmation)
+    meta: heuristics.TrackMeta  # the metadata after this frame (hotstart counters, rows, confirmation)
     scores: dict[int, float]  # obj_id_to_score entries this frame sets: new objects, removed ones
     recondition: dict[int, int]  # tracked obj_id -> the detection that reconditions it (Meta's dict order)
 
@@ -122,7 +122,7 @@ class Sam31Tracker(MaskInputs, ClickPrompts):
                 for record in state.records():
                     self.memory.release_record(record)
         self.states: list[TrackerState] = []
-        self.meta = H.TrackMeta()
+        self.meta = heuristics.TrackMeta()
         self.obj_id_to_score: dict[int, float] = {}
         self.sam2_scores: dict[int, dict[int, float]] = {}  # frame -> obj_id -> tracker probability
         self.text = None  # (features host [1, T, D], mask int32 [1, T])
@@ -153,7 +153,7 @@ class Sam31Tracker(MaskInputs, ClickPrompts):
         out = b.run(self.graphs["text_encoder"], {"input_ids": input_ids})
         self.text = (b.to_host(out["text_features"]), b.to_host(out["text_mask"]).astype(np.int32))
 
-    def detect(self, features: dict, boxes: "BoxPrompt | None" = None) -> H.Detections:
+    def detect(self, features: dict, boxes: "BoxPrompt | None" = None) -> heuristics.Detections:
         """The detector on one frame: the text prompt, and `boxes` as well on the frame of a boxes
         add_prompt (Meta's per_frame_geometric_prompt, which only its single-frame grounding reads)."""
         if self.text is None:
@@ -172,7 +172,7 @@ class Sam31Tracker(MaskInputs, ClickPrompts):
                                 "boxes": np.concatenate([boxes.cxcywh, np.full((pad, 4), 0.5, np.float32)])[None],
                                 "box_labels": np.concatenate([boxes.labels, np.ones(pad, np.int32)])[None],
                                 "box_valid": np.concatenate([np.ones(k, np.int32), np.zeros(pad, np.int32)])[None]})
-        return H.filter_detections(b.to_host(out["pred_logits"])[0], b.to_host(out["pred_boxes"])[0],
+        return heuristics.filter_detections(b.to_host(out["pred_logits"])[0], b.to_host(out["pred_boxes"])[0],
                                    b.to_host(out["pred_masks"])[0], self.config)
 
     # --------------------------------------------------------------------------- 2. propagation
@@ -380,7 +380,7 @@ class Sam31Tracker(MaskInputs, ClickPrompts):
         """One frame through the shared phases (phases.run_frame), as SAM 3's FrameLoop.step."""
         return run_frame(Sam31Frame(self, frame, reverse, num_frames, pixel_values, round_levels, boxes))
 
-    def plan(self, frame: int, reverse: bool, det: H.Detections, tracked: Tracked) -> FramePlan:
+    def plan(self, frame: int, reverse: bool, det: heuristics.Detections, tracked: Sam31Tracked) -> Sam31FramePlan:
         """Meta's run_tracker_update_planning_phase, decided without changing the tracker: IoM
         association, hotstart, occlusion suppression, the new objects under the cap, and the metadata
         after the frame (removed rows out, new rows appended, confirmation), all on a copy of the
@@ -389,8 +389,8 @@ class Sam31Tracker(MaskInputs, ClickPrompts):
         cfg = self.config
         meta = copy.deepcopy(self.meta)  # hotstart and the bookkeeping update it in place
         prev_ids = meta.obj_ids.copy()
-        assoc = H.associate(det, tracked.masks, cfg)
-        to_remove = H.hotstart(frame, reverse, assoc, meta, cfg)
+        assoc = heuristics.associate(det, tracked.masks, cfg)
+        to_remove = heuristics.hotstart(frame, reverse, assoc, meta, cfg)
         recondition = self._recondition_plan(frame, det, tracked, assoc, prev_ids)
         trk_masks = tracked.masks
         if recondition:
@@ -403,7 +403,7 @@ class Sam31Tracker(MaskInputs, ClickPrompts):
             merged = np.where((new > 0) == (old > 0), old, new)
             trk_masks[rows] = fill_holes_in_mask_scores(merged, cfg.fill_hole_area)
         if prev_ids.size and cfg.suppress_overlapping_based_on_recent_occlusion_threshold > 0.0:
-            last = np.where(to_remove, H.ALWAYS_OCCLUDED, meta.last_occluded)
+            last = np.where(to_remove, heuristics.ALWAYS_OCCLUDED, meta.last_occluded)
             binary = trk_masks > 0
             suppress = objects_to_suppress_by_recent_occlusion(
                 binary, last, cfg.suppress_overlapping_based_on_recent_occlusion_threshold, reverse) \
@@ -434,13 +434,13 @@ class Sam31Tracker(MaskInputs, ClickPrompts):
             hit = set(int(o) for o in new_ids)
             for ids in matched.values():
                 hit.update(int(o) for o in ids)
-            H.update_confirmation(meta, prev_ids, prev_status, prev_consecutive, hit, cfg)
-            unconfirmed = [int(o) for o in meta.obj_ids[meta.status == H.UNCONFIRMED]]
-        return FramePlan(trk_masks, new_inds, new_ids, removed_ids, unconfirmed, dropped, meta, scores,
+            heuristics.update_confirmation(meta, prev_ids, prev_status, prev_consecutive, hit, cfg)
+            unconfirmed = [int(o) for o in meta.obj_ids[meta.status == heuristics.UNCONFIRMED]]
+        return Sam31FramePlan(trk_masks, new_inds, new_ids, removed_ids, unconfirmed, dropped, meta, scores,
                          recondition)
 
-    def _recondition_plan(self, frame: int, det: H.Detections, tracked: Tracked, assoc: H.Association,
-                          prev_ids: np.ndarray) -> dict[int, int]:
+    def _recondition_plan(self, frame: int, det: heuristics.Detections, tracked: Sam31Tracked,
+                          assoc: heuristics.Association, prev_ids: np.ndarray) -> dict[int, int]:
         """Which tracks Meta reconditions on this frame (its should_recondition_periodic, then the
         filter of _recondition_masklets): on every recondition_every_nth_frame-th frame, each kept,
         confident (>= 0.8), unambiguously overlapping detection names the track it overlaps most (a later
@@ -454,9 +454,10 @@ class Sam31Tracker(MaskInputs, ClickPrompts):
             candidates[int(prev_ids[assoc.det_to_max_trk[d]])] = int(d)
         probs = _sigmoid(tracked.scores)
         row = {int(o): i for i, o in enumerate(prev_ids)}
-        return {o: d for o, d in candidates.items() if probs[row[o]] > np.float32(H.HIGH_CONF_THRESH)}
+        return {o: d for o, d in candidates.items() if probs[row[o]] > np.float32(heuristics.HIGH_CONF_THRESH)}
 
-    def execute(self, frame: int, features: dict, det: H.Detections, tracked: Tracked, plan: FramePlan) -> None:
+    def execute(self, frame: int, features: dict, det: heuristics.Detections, tracked: Sam31Tracked,
+                plan: Sam31FramePlan) -> None:
         """Apply the plan: reconditioning, the tracked objects' memories (the memory half of Meta's
         planning phase), the metadata and scores, then Meta's run_tracker_update_execution_phase: births
         (all of the frame's in one state), then removals; last the tracker probabilities (Meta's
@@ -477,7 +478,7 @@ class Sam31Tracker(MaskInputs, ClickPrompts):
         # removal score on the removal frame
         frame_scores.update({int(o): float(p) for o, p in zip(tracked.obj_ids, _sigmoid(tracked.scores))})
 
-    def outputs(self, frame: int, det: H.Detections, tracked: Tracked, plan: FramePlan) -> FrameOut:
+    def outputs(self, frame: int, det: heuristics.Detections, tracked: Sam31Tracked, plan: Sam31FramePlan) -> FrameOut:
         """Meta's build_outputs: the tracked objects (after occlusion suppression; removed ones
         included on their removal frame) and the new objects' detections, at video resolution."""
         h, w = self.video_hw
@@ -493,7 +494,7 @@ class Sam31Tracker(MaskInputs, ClickPrompts):
 
 
 @dataclass
-class Sam31Frame(FramePhases[Grounded, Tracked, FramePlan, FrameOut]):
+class Sam31Frame(FramePhases[Sam31Grounded, Sam31Tracked, Sam31FramePlan, FrameOut]):
     """One SAM 3.1 frame as the shared phases: each phase is the Sam31Tracker operation of that name."""
 
     tracker: Sam31Tracker
@@ -504,21 +505,21 @@ class Sam31Frame(FramePhases[Grounded, Tracked, FramePlan, FrameOut]):
     round_levels: bool
     boxes: "BoxPrompt | None" = None
 
-    def ground(self) -> Grounded:
+    def ground(self) -> Sam31Grounded:
         features = self.tracker.encode(self.pixel_values, self.round_levels)
-        return Grounded(features, self.tracker.detect(features, self.boxes))
+        return Sam31Grounded(features, self.tracker.detect(features, self.boxes))
 
-    def propagate(self, grounded: Grounded) -> Tracked:
+    def propagate(self, grounded: Sam31Grounded) -> Sam31Tracked:
         t = self.tracker
-        tracked = Tracked(*t.propagate(self.frame, self.reverse, self.num_frames, grounded.features))
+        tracked = Sam31Tracked(*t.propagate(self.frame, self.reverse, self.num_frames, grounded.features))
         assert np.array_equal(tracked.obj_ids, t.meta.obj_ids), (tracked.obj_ids, t.meta.obj_ids)
         return tracked
 
-    def plan(self, grounded: Grounded, tracked: Tracked) -> FramePlan:
+    def plan(self, grounded: Sam31Grounded, tracked: Sam31Tracked) -> Sam31FramePlan:
         return self.tracker.plan(self.frame, self.reverse, grounded.det, tracked)
 
-    def execute(self, grounded: Grounded, tracked: Tracked, plan: FramePlan) -> None:
+    def execute(self, grounded: Sam31Grounded, tracked: Sam31Tracked, plan: Sam31FramePlan) -> None:
         self.tracker.execute(self.frame, grounded.features, grounded.det, tracked, plan)
 
-    def outputs(self, grounded: Grounded, tracked: Tracked, plan: FramePlan) -> FrameOut:
+    def outputs(self, grounded: Sam31Grounded, tracked: Sam31Tracked, plan: Sam31FramePlan) -> FrameOut:
         return self.tracker.outputs(self.frame, grounded.det, tracked, plan)

@@ -1,0 +1,136 @@
+"""The package layout's rules, read from the sources: no import circles in sam3track, graphs and om
+(imports inside functions count: a deferred import hides a circle, it does not remove it), and the
+library never imports its command line."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+PACKAGES = ("sam3track", "graphs", "om")
+
+
+def _modules() -> dict[str, Path]:
+    found = {}
+    for package in PACKAGES:
+        for path in (REPO / package).rglob("*.py"):
+            parts = list(path.relative_to(REPO).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts.pop()
+            found[".".join(parts)] = path
+    return found
+
+
+def _imported(module: str, path: Path, node: ast.AST, modules: dict) -> set[str]:
+    """The project modules one import statement loads: ``from pkg import name`` is pkg.name where that
+    is a module, else pkg itself."""
+    if isinstance(node, ast.Import):
+        names = [alias.name for alias in node.names]
+    else:
+        base = node.module or ""
+        if node.level:
+            package = module.split(".") if path.name == "__init__.py" else module.split(".")[:-1]
+            package = package[:len(package) - (node.level - 1)]
+            base = ".".join(package + ([base] if base else []))
+        names = [f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base for a in node.names]
+    found = set()
+    for name in names:
+        while name and name not in modules:  # `import pkg.mod.attr`: the module that holds it
+            name = name.rpartition(".")[0]
+        if name:
+            found.add(name)
+    return found
+
+
+def import_graph() -> dict[str, set[str]]:
+    modules = _modules()
+    graph = {}
+    for module, path in modules.items():
+        tree = ast.parse(path.read_text(), filename=str(path))
+        deps = set()
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                deps |= _imported(module, path, node, modules)
+        deps.discard(module)
+        graph[module] = deps
+    return graph
+
+
+def circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan, iteratively)."""
+    index, low, stack, on_stack, found = {}, {}, [], set(), []
+    for root in graph:
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = len(index)
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(graph[child]))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                if len(component) > 1:
+                    found.append(sorted(component))
+    return found
+
+
+def test_no_import_circles():
+    found = circles(import_graph())
+    assert not found, "import circles (each a set of modules that import one another):\n" + \
+        "\n".join(" <-> ".join(c) for c in found)
+
+
+def test_the_finder_sees_a_circle():
+    """The check itself: a circle of three and one of two are found, a chain is not."""
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"e"}, "e": {"d"}, "f": {"a"}, "g": set()}
+    assert sorted(circles(graph)) == [["a", "b", "c"], ["d", "e"]]
+
+
+def test_the_library_never_imports_its_command_line():
+    graph = import_graph()
+    cli = {m for m in graph if m == "sam3track.cli" or m.startswith("sam3track.commands")}
+    offenders = {m: sorted(graph[m] & cli) for m in graph if m not in cli and m != "sam3track.__main__"}
+    assert not {m: d for m, d in offenders.items() if d}, offenders
+
+
+def test_both_families_sessions_are_tracking_sessions():
+    """Each family's session has every member of sam3track.TrackingSession, and each method takes at
+    least the protocol's parameters: a caller written against the protocol runs on either."""
+    import inspect
+
+    from sam3track import TrackingSession
+    from sam3track.families.sam31.session import Sam31Session
+    from sam3track.session import Session
+
+    members = [n for n in vars(TrackingSession) if not n.startswith("_") or n in ("__enter__", "__exit__")]
+    members += list(TrackingSession.__annotations__)
+    for cls in (Session, Sam31Session):
+        for name in members:
+            assert hasattr(cls, name), f"{cls.__name__} has no {name}"
+            wanted = getattr(TrackingSession, name, None)
+            if inspect.isfunction(wanted):
+                have = inspect.signature(getattr(cls, name)).parameters
+                missing = [p for p in inspect.signature(wanted).parameters if p not in have and p not in ("exc",)]
+                assert not missing, f"{cls.__name__}.{name} lacks {missing}"
+        assert cls.box_prompts in ("tracker", "detector")
