@@ -21,8 +21,8 @@ def pytest_configure(config):
 def _size_xdist_worker_threads() -> None:
     """Each pytest-xdist worker's torch and ONNX Runtime pools sized to its share of the CPUs. With every
     library's default, two workers on 2 cores ran 4-6 spinning threads on them and the parity files took
-    2.5x longer (docs/testing.md). Threads, not affinity: OpenVINO and PyAV change behaviour on one CPU
-    (docs/testing.md: findings), and the suite tests what a 2-core machine does. OpenVINO keeps its own
+    2.5x longer. Threads, not affinity: OpenVINO and PyAV change behaviour on one CPU, and the suite tests
+    what a 2-core machine does (docs/testing.md, "Threads in test workers"). OpenVINO keeps its own
     default (every core); its tests are a small part of the run."""
     count = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
     if not os.environ.get("PYTEST_XDIST_WORKER") or count < 2:

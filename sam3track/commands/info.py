@@ -102,32 +102,31 @@ def _om_lines(bundle: Path, om: dict) -> list[str]:
     return lines
 
 
-def cmd_info(args: argparse.Namespace) -> int:
-    bundle = Path(args.bundle)
+def _read_manifest(bundle: Path) -> dict:
+    """The bundle's manifest; CliError naming the folder or file at fault."""
     manifest_path = bundle / "manifest.json"
+    if not bundle.exists():
+        raise CliError(f"bundle folder not found: {bundle}")
+    if not bundle.is_dir():
+        raise CliError(f"{bundle} is a file; pass a bundle folder")
+    if not manifest_path.is_file():
+        raise CliError(
+            f"{bundle} is not a bundle: it has no manifest.json; export one with "
+            f"python -m graphs.export --checkpoint SNAPSHOT --out {bundle}"
+        )
     try:
-        if not bundle.exists():
-            raise CliError(f"bundle folder not found: {bundle}")
-        if not bundle.is_dir():
-            raise CliError(f"{bundle} is a file; pass a bundle folder")
-        if not manifest_path.is_file():
-            raise CliError(
-                f"{bundle} is not a bundle: it has no manifest.json; export one with "
-                f"python -m graphs.export --checkpoint SNAPSHOT --out {bundle}"
-            )
-        try:
-            manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
-        except (ValueError, UnicodeDecodeError) as e:
-            raise CliError(f"{manifest_path} is not valid JSON ({e}); export the bundle again")
-        if not isinstance(manifest, dict) or not isinstance(manifest.get("graphs"), dict):
-            raise CliError(f"{manifest_path} lists no graphs; export the bundle again")
-    except CliError as e:
-        print_error(str(e))
-        return EXIT_ERROR
+        manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError) as e:
+        raise CliError(f"{manifest_path} is not valid JSON ({e}); export the bundle again")
     except OSError as e:
-        print_error(f"cannot read {manifest_path}: {e}")
-        return EXIT_ERROR
+        raise CliError(f"cannot read {manifest_path}: {e}") from e
+    if not isinstance(manifest, dict) or not isinstance(manifest.get("graphs"), dict):
+        raise CliError(f"{manifest_path} lists no graphs; export the bundle again")
+    return manifest
 
+
+def _header_lines(bundle: Path, manifest: dict) -> list[str]:
+    """Where the bundle is, its family and format, the checkpoint it came from and the exporter."""
     source = manifest.get("source") or {}
     lines = [f"bundle          {bundle.resolve()}"]
     family = manifest.get("family", "sam3")
@@ -148,8 +147,12 @@ def cmd_info(args: argparse.Namespace) -> int:
             "exported with   " + ", ".join(f"{k} {v}" for k, v in exporter.items()
                                            if k != "export_seconds")
         )
-    graphs = manifest["graphs"]
-    lines.append(f"graphs          {len(graphs)}")
+    return lines
+
+
+def _graph_lines(bundle: Path, graphs: dict) -> list[str]:
+    """One line per graph (size, precision, files, what is missing), then its tensors."""
+    lines = [f"graphs          {len(graphs)}"]
     for name, g in graphs.items():
         g = g if isinstance(g, dict) else {}
         files = [g.get("file", f"{name}.onnx"), *(g.get("data_files") or [])]
@@ -168,17 +171,30 @@ def cmd_info(args: argparse.Namespace) -> int:
                     f"      {kind} {t.get('name', '?'):<28} {t.get('dtype', '?'):<8} "
                     f"{_fmt_shape(t.get('shape'))}"
                 )
-    om_path = bundle / "om_manifest.json"
-    if om_path.is_file():
-        try:
-            om = json.loads(om_path.read_text(encoding="utf-8"))
-        except (OSError, ValueError, UnicodeDecodeError) as e:
-            print_error(f"{om_path} cannot be read ({e}); convert the bundle again with python -m om.convert")
-            return EXIT_ERROR
-        if not isinstance(om, dict):
-            print_error(f"{om_path} holds no JSON object; convert the bundle again with python -m om.convert")
-            return EXIT_ERROR
-        lines.extend(_om_lines(bundle, om))
+    return lines
+
+
+def _read_om_manifest(om_path: Path) -> dict:
+    try:
+        om = json.loads(om_path.read_text(encoding="utf-8"))
+    except (OSError, ValueError, UnicodeDecodeError) as e:
+        raise CliError(f"{om_path} cannot be read ({e}); convert the bundle again with python -m om.convert")
+    if not isinstance(om, dict):
+        raise CliError(f"{om_path} holds no JSON object; convert the bundle again with python -m om.convert")
+    return om
+
+
+def cmd_info(args: argparse.Namespace) -> int:
+    bundle = Path(args.bundle)
+    try:
+        manifest = _read_manifest(bundle)
+        lines = _header_lines(bundle, manifest) + _graph_lines(bundle, manifest["graphs"])
+        om_path = bundle / "om_manifest.json"
+        if om_path.is_file():
+            lines.extend(_om_lines(bundle, _read_om_manifest(om_path)))
+    except CliError as e:
+        print_error(str(e))
+        return EXIT_ERROR
     lines.append("backends")
     lines.extend(f"  {line}" for line in _backends_lines())
     print("\n".join(lines))
