@@ -18,14 +18,14 @@ import argparse
 import json
 import shutil
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 from sam3track.bundle import file_sha256
 
 from .checkpoint import CheckpointError, load_model, load_tokenizer, validate_checkpoint, weights_sha256
-from .onnx_export import OPSET, ExportError, export_module, publish_bundle
+from .onnx_export import (ExportError, check_destination, export_module, exporter_record, precision_of,
+                          publish_bundle, staging_dir)
 
 # 2: int32 ids and indices, float32 flags (no int64 or bool inputs); 3: interactive_decoder (clicks and
 # boxes), memory_encoder's via_image input, the tracker's multimask settings in config.tracker
@@ -126,19 +126,43 @@ def export_bundle(checkpoint: Path, out: Path, fp16: tuple[str, ...] = (), overw
     ``om.convert``, needs); see graphs/modules.py. ``int8``: graphs to quantise (ONNX Runtime
     dynamic quantisation of their weight MatMuls).
     """
-    import onnx
-    import torch
-    import transformers
-
     from . import specs
 
     out = Path(out).absolute()
-    if out.exists() and not overwrite:
-        raise ExportError(f"{out} already exists; pass --overwrite to replace it or choose another --out")
-    from .modules import ATTENTION_MODES
+    _check_request(checkpoint, out, fp16, int8, overwrite, tiny_seed, tiny_preset, attention)
+    staging = staging_dir(out)
+    try:
+        started = time.perf_counter()
+        if tiny_seed is not None:
+            from .tiny import PRESETS, write_tiny_checkpoint
 
-    if attention not in ATTENTION_MODES:
-        raise ExportError(f"--attention {attention!r}: choose from {', '.join(ATTENTION_MODES)}")
+            checkpoint = write_tiny_checkpoint(staging / "source", seed=tiny_seed, preset=PRESETS[tiny_preset])
+            log(f"wrote {tiny_preset} checkpoint (seed {tiny_seed}) to {out / 'source'}"
+                + ("" if keep_source else " (left out of the finished bundle)"))
+        model = load_model(checkpoint)
+        dims = specs.Dims.from_model(model)
+        graphs = {}
+        for name in GRAPHS:
+            t0 = time.perf_counter()
+            graphs[name] = _export_graph(model, name, dims, staging, precision=precision_of(name, fp16, int8),
+                                         attention=attention)
+            log(f"exported {name:<20} {graphs[name]['bytes'] / 1e6:9.1f} MB  {time.perf_counter() - t0:6.1f} s")
+        manifest = _manifest(checkpoint, model, dims, graphs, staging, tiny_seed, tiny_preset, keep_source)
+        manifest["exporter"] = exporter_record(attention, started)
+        if not keep_source:
+            shutil.rmtree(staging / "source", ignore_errors=True)
+        publish_bundle(staging, manifest, out)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    log(f"bundle written to {out}")
+    return out
+
+
+def _check_request(checkpoint, out: Path, fp16, int8, overwrite: bool, tiny_seed, tiny_preset: str,
+                   attention: str) -> None:
+    """Everything that can be refused before any work: the destination, flags, the checkpoint, the preset."""
+    check_destination(out, overwrite, attention)
     for flag, names in (("--fp16", fp16), ("--int8", int8)):
         unknown = [g for g in names if g not in GRAPHS]
         if unknown:
@@ -156,56 +180,28 @@ def export_bundle(checkpoint: Path, out: Path, fp16: tuple[str, ...] = (), overw
 
         if tiny_preset not in PRESETS:
             raise ExportError(f"unknown small-model preset {tiny_preset!r}; choose from {', '.join(PRESETS)}")
-    try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=out.parent))
-    except OSError as exc:
-        raise ExportError(f"cannot write the bundle to {out.parent}: {exc.strerror}; choose a writable --out")
-    try:
-        started = time.perf_counter()
-        if tiny_seed is not None:
-            from .tiny import PRESETS, write_tiny_checkpoint
 
-            checkpoint = write_tiny_checkpoint(staging / "source", seed=tiny_seed, preset=PRESETS[tiny_preset])
-            log(f"wrote {tiny_preset} checkpoint (seed {tiny_seed}) to {out / 'source'}"
-                + ("" if keep_source else " (left out of the finished bundle)"))
-        model = load_model(checkpoint)
-        dims = specs.Dims.from_model(model)
-        graphs = {}
-        for name in GRAPHS:
-            t0 = time.perf_counter()
-            precision = "fp16" if name in fp16 else "int8" if name in int8 else "fp32"
-            graphs[name] = _export_graph(model, name, dims, staging, precision=precision, attention=attention)
-            log(f"exported {name:<20} {graphs[name]['bytes'] / 1e6:9.1f} MB  {time.perf_counter() - t0:6.1f} s")
-        manifest = {
-            "format_version": FORMAT_VERSION,
-            "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-            "graphs": graphs,
-            "preprocessing": _preprocessing(Path(checkpoint), dims.image_size),
-            "text": {"max_length": dims.text_length},
-            "config": _model_config(model, dims),
-            "tokenizer": _write_tokenizer(Path(checkpoint), staging, dims.text_length),
-            "source": {
-                "checkpoint": _recorded_checkpoint(checkpoint, tiny_seed, keep_source),
-                "model_type": model.config.model_type,
-                "tiny_seed": tiny_seed,
-                "tiny_preset": tiny_preset if tiny_seed is not None else None,
-                "weights_sha256": weights_sha256(checkpoint),
-                "parameters": sum(p.numel() for p in model.parameters()),
-            },
-            "exporter": {
-                "torch": torch.__version__, "transformers": transformers.__version__, "onnx": onnx.__version__,
-                "opset": OPSET, "attention": attention, "export_seconds": round(time.perf_counter() - started, 1),
-            },
-        }
-        if not keep_source:
-            shutil.rmtree(staging / "source", ignore_errors=True)
-        publish_bundle(staging, manifest, out)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
-    log(f"bundle written to {out}")
-    return out
+
+def _manifest(checkpoint, model, dims, graphs: dict, staging: Path, tiny_seed, tiny_preset: str,
+              keep_source: bool) -> dict:
+    """The SAM 3 manifest (the exporter record is added by the caller once every graph is out)."""
+    return {
+        "format_version": FORMAT_VERSION,
+        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "graphs": graphs,
+        "preprocessing": _preprocessing(Path(checkpoint), dims.image_size),
+        "text": {"max_length": dims.text_length},
+        "config": _model_config(model, dims),
+        "tokenizer": _write_tokenizer(Path(checkpoint), staging, dims.text_length),
+        "source": {
+            "checkpoint": _recorded_checkpoint(checkpoint, tiny_seed, keep_source),
+            "model_type": model.config.model_type,
+            "tiny_seed": tiny_seed,
+            "tiny_preset": tiny_preset if tiny_seed is not None else None,
+            "weights_sha256": weights_sha256(checkpoint),
+            "parameters": sum(p.numel() for p in model.parameters()),
+        },
+    }
 
 
 def main(argv: list[str] | None = None) -> int:

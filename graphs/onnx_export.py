@@ -23,6 +23,41 @@ class ExportError(Exception):
     """An export asked for something it cannot do: the message names the flag or path and what to do."""
 
 
+def check_destination(out: Path, overwrite: bool, attention: str) -> None:
+    """Every family's first checks: the bundle folder is free (or --overwrite) and the attention mode known."""
+    from .modules import ATTENTION_MODES
+
+    if out.exists() and not overwrite:
+        raise ExportError(f"{out} already exists; pass --overwrite to replace it or choose another --out")
+    if attention not in ATTENTION_MODES:
+        raise ExportError(f"--attention {attention!r}: choose from {', '.join(ATTENTION_MODES)}")
+
+
+def staging_dir(out: Path) -> Path:
+    """A private sibling folder the bundle is built in; publish_bundle renames it into place."""
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        return Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=out.parent))
+    except OSError as exc:
+        raise ExportError(f"cannot write the bundle to {out.parent}: {exc.strerror}; choose a writable --out")
+
+
+def precision_of(name: str, fp16, int8) -> str:
+    return "fp16" if name in fp16 else "int8" if name in int8 else "fp32"
+
+
+def exporter_record(attention: str, started: float) -> dict:
+    """The manifest's "exporter": library versions, opset, attention mode and the export's seconds."""
+    import time
+
+    import onnx
+    import torch
+    import transformers
+
+    return {"torch": torch.__version__, "transformers": transformers.__version__, "onnx": onnx.__version__,
+            "opset": OPSET, "attention": attention, "export_seconds": round(time.perf_counter() - started, 1)}
+
+
 def export_module(module, spec, inputs: dict, out_dir: Path, precision: str = "fp32", attention: str = "fused") -> dict:
     """Export ``module`` (a graph wrapper) traced on ``inputs`` as ``spec`` describes it to
     ``out_dir/<spec.name>.onnx``; returns the graph's manifest entry."""

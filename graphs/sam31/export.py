@@ -14,14 +14,14 @@ error (sam3track/bundle.py).
 from __future__ import annotations
 
 import shutil
-import tempfile
 import time
 from pathlib import Path
 
 from sam3track.bundle import file_sha256
 
 from ..checkpoint import CheckpointError
-from ..onnx_export import OPSET, ExportError, export_module, publish_bundle
+from ..onnx_export import (ExportError, check_destination, export_module, exporter_record, precision_of,
+                           publish_bundle, staging_dir)
 from . import checkpoint as ckpt
 from . import detector
 
@@ -139,18 +139,10 @@ def export_bundle(checkpoint: Path | None, out: Path, overwrite: bool = False, t
                   int8: tuple[str, ...] = ()) -> Path:
     """Build the SAM 3.1 bundle of ``checkpoint`` (Meta's file or its folder; ``tiny``: the harness's
     seeded one) at ``out``."""
-    import onnx
-    import torch
-    import transformers
-
-    from ..modules import ATTENTION_MODES
     from .tracker_check import export_tracker_graphs
 
     out = Path(out).absolute()
-    if out.exists() and not overwrite:
-        raise ExportError(f"{out} already exists; pass --overwrite to replace it or choose another --out")
-    if attention not in ATTENTION_MODES:
-        raise ExportError(f"--attention {attention!r}: choose from {', '.join(ATTENTION_MODES)}")
+    check_destination(out, overwrite, attention)
     for flag, names in (("--fp16", fp16), ("--int8", int8)):
         unknown = [g for g in names if g not in detector.GRAPHS]
         if unknown:
@@ -164,19 +156,14 @@ def export_bundle(checkpoint: Path | None, out: Path, overwrite: bool = False, t
     bpe = _find_bpe(info, bpe)
     dims = detector.Dims.from_sizes(info.sizes)
     specs = detector.graph_specs(dims)
-    try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=out.parent))
-    except OSError as exc:
-        raise ExportError(f"cannot write the bundle to {out.parent}: {exc.strerror}; choose a writable --out")
+    staging = staging_dir(out)
     try:
         graphs = {}
         for name in detector.GRAPHS:
             t0 = time.perf_counter()
             spec = specs[name]
-            precision = "fp16" if name in fp16 else "int8" if name in int8 else "fp32"
             graphs[name] = export_module(spec.module(model), spec, detector.sample_inputs(spec, dims, TRACE_SIZES),
-                                         staging, precision=precision, attention=attention)
+                                         staging, precision=precision_of(name, fp16, int8), attention=attention)
             log(f"exported {name:<20} {graphs[name]['bytes'] / 1e6:9.1f} MB  {time.perf_counter() - t0:6.1f} s")
         t0 = time.perf_counter()
         tracker_graphs = export_tracker_graphs(ckpt.public_keys(ckpt._load_raw(info.file)), staging,
@@ -185,50 +172,57 @@ def export_bundle(checkpoint: Path | None, out: Path, overwrite: bool = False, t
             graphs[name] = entry
             log(f"exported {name:<20} {entry['bytes'] / 1e6:9.1f} MB")
         log(f"tracker graphs: {time.perf_counter() - t0:.1f} s")
-        sizes = info.sizes
-        manifest = {
-            "format_version": 3,
-            "family": ckpt.FAMILY,
-            "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-            "graphs": graphs,
-            "preprocessing": preprocessing(sizes),
-            "text": {"max_length": sizes.text_context},
-            "tokenizer": _tokenizer(bpe, staging, sizes.text_context),
-            "config": {
-                "heuristics": dict(HEURISTICS),
-                "tracker": {**TRACKER, **tracker_sizes(sizes)},
-                "predictor": dict(PREDICTOR),
-                "detector": {"num_queries": sizes.num_queries, "text_width": sizes.d_model,
-                             "pred_logits": "Meta's joint logits: inverse_sigmoid(sigmoid(class) * sigmoid(presence))"
-                                            " (eps 1e-3), clamped to +-10; sigmoid gives the detection score",
-                             "pred_boxes": "xyxy, normalised to [0, 1]"},
-                "geometry": sizes.as_dict(),
-                "full_geometry": dict(FULL_GEOMETRY),
-                "is_full_size": all(sizes.as_dict().get(k) == v for k, v in FULL_GEOMETRY.items()),
-                "round_levels": "backbone / interactive_neck round_levels: 1 = the tracker levels rounded to "
-                                "bfloat16 as Meta's single-frame grounding (text add_prompt) does; 0 = float32, as "
-                                "its batched grounding during propagate_in_video",
-                "meta_commit": META_COMMIT,
-            },
-            "source": {
-                "checkpoint": str(info.file.absolute()),
-                "model_type": "sam3.1_multiplex",
-                "tiny": bool(tiny),
-                "tiny_seed": 0 if tiny else None,
-                "weights_sha256": {info.file.name: file_sha256(info.file)},
-                "parameters": sum(p.numel() for p in model.parameters()),
-            },
-            "exporter": {
-                "torch": torch.__version__, "transformers": transformers.__version__, "onnx": onnx.__version__,
-                "opset": OPSET, "attention": attention, "export_seconds": round(time.perf_counter() - started, 1),
-            },
-        }
+        manifest = _manifest(info, model, graphs, bpe, staging, tiny)
+        manifest["exporter"] = exporter_record(attention, started)
         publish_bundle(staging, manifest, out)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
     log(f"bundle written to {out}")
     return out
+
+
+def _manifest(info, model, graphs: dict, bpe: Path, staging: Path, tiny: bool) -> dict:
+    """The SAM 3.1 manifest (the exporter record is added by the caller once every graph is out)."""
+    sizes = info.sizes
+    return {
+        "format_version": 3,
+        "family": ckpt.FAMILY,
+        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "graphs": graphs,
+        "preprocessing": preprocessing(sizes),
+        "text": {"max_length": sizes.text_context},
+        "tokenizer": _tokenizer(bpe, staging, sizes.text_context),
+        "config": _config(sizes),
+        "source": {
+            "checkpoint": str(info.file.absolute()),
+            "model_type": "sam3.1_multiplex",
+            "tiny": bool(tiny),
+            "tiny_seed": 0 if tiny else None,
+            "weights_sha256": {info.file.name: file_sha256(info.file)},
+            "parameters": sum(p.numel() for p in model.parameters()),
+        },
+    }
+
+
+def _config(sizes) -> dict:
+    """The manifest's "config": the runtime's heuristics and tracker settings, the detector's outputs, sizes."""
+    return {
+        "heuristics": dict(HEURISTICS),
+        "tracker": {**TRACKER, **tracker_sizes(sizes)},
+        "predictor": dict(PREDICTOR),
+        "detector": {"num_queries": sizes.num_queries, "text_width": sizes.d_model,
+                     "pred_logits": "Meta's joint logits: inverse_sigmoid(sigmoid(class) * sigmoid(presence))"
+                                    " (eps 1e-3), clamped to +-10; sigmoid gives the detection score",
+                     "pred_boxes": "xyxy, normalised to [0, 1]"},
+        "geometry": sizes.as_dict(),
+        "full_geometry": dict(FULL_GEOMETRY),
+        "is_full_size": all(sizes.as_dict().get(k) == v for k, v in FULL_GEOMETRY.items()),
+        "round_levels": "backbone / interactive_neck round_levels: 1 = the tracker levels rounded to "
+                        "bfloat16 as Meta's single-frame grounding (text add_prompt) does; 0 = float32, as "
+                        "its batched grounding during propagate_in_video",
+        "meta_commit": META_COMMIT,
+    }
 
 
 __all__ = ["export_bundle", "ExportError", "CheckpointError"]

@@ -61,22 +61,37 @@ def std_sort(items, comp):
     CPU sort runs when stability is not asked for (checked against torch.argsort in the tests). The
     depth-limit fallback (heap sort) is approximated by a stable sort; it is reached only for inputs
     far from the bool keys sorted here."""
-    a = items
-    n = len(a)
+    n = len(items)
     if n < 2:
-        return a
+        return items
+    sorter = _StdSort(items, comp)
+    sorter.introsort_loop(0, n, (n.bit_length() - 1) * 2)
+    if n > 16:
+        sorter.insertion_sort(0, 16)
+        for i in range(16, n):
+            sorter.unguarded_linear_insert(i)
+    else:
+        sorter.insertion_sort(0, n)
+    return items
 
-    def lg(x):
-        return x.bit_length() - 1
 
-    def heap_select_sort(first, last):
+class _StdSort:
+    """The steps of libstdc++'s std::sort (bits/stl_algo.h), each on ``a[first:last]`` with ``comp``."""
+
+    def __init__(self, a: list, comp):
+        self.a, self.comp = a, comp
+
+    def heap_select_sort(self, first, last):
         # partial_sort(first, last, last): make_heap then sort_heap (std::__heap_select + __sort_heap)
         import functools
-        sub = a[first:last]
-        sub.sort(key=functools.cmp_to_key(lambda x, y: -1 if comp(x, y) else (1 if comp(y, x) else 0)))
-        a[first:last] = sub
 
-    def move_median_to_first(result, i, j, k):
+        comp = self.comp
+        sub = self.a[first:last]
+        sub.sort(key=functools.cmp_to_key(lambda x, y: -1 if comp(x, y) else (1 if comp(y, x) else 0)))
+        self.a[first:last] = sub
+
+    def move_median_to_first(self, result, i, j, k):
+        a, comp = self.a, self.comp
         if comp(a[i], a[j]):
             if comp(a[j], a[k]):
                 a[result], a[j] = a[j], a[result]
@@ -91,7 +106,8 @@ def std_sort(items, comp):
         else:
             a[result], a[j] = a[j], a[result]
 
-    def unguarded_partition(first, last, pivot):
+    def unguarded_partition(self, first, last, pivot):
+        a, comp = self.a, self.comp
         while True:
             while comp(a[first], a[pivot]):
                 first += 1
@@ -103,19 +119,20 @@ def std_sort(items, comp):
             a[first], a[last] = a[last], a[first]
             first += 1
 
-    def introsort_loop(first, last, depth):
+    def introsort_loop(self, first, last, depth):
         while last - first > 16:
             if depth == 0:
-                heap_select_sort(first, last)
+                self.heap_select_sort(first, last)
                 return
             depth -= 1
             mid = first + (last - first) // 2
-            move_median_to_first(first, first + 1, mid, last - 1)
-            cut = unguarded_partition(first + 1, last, first)
-            introsort_loop(cut, last, depth)
+            self.move_median_to_first(first, first + 1, mid, last - 1)
+            cut = self.unguarded_partition(first + 1, last, first)
+            self.introsort_loop(cut, last, depth)
             last = cut
 
-    def unguarded_linear_insert(last):
+    def unguarded_linear_insert(self, last):
+        a, comp = self.a, self.comp
         val = a[last]
         nxt = last - 1
         while comp(val, a[nxt]):
@@ -124,23 +141,15 @@ def std_sort(items, comp):
             nxt -= 1
         a[last] = val
 
-    def insertion_sort(first, last):
+    def insertion_sort(self, first, last):
+        a, comp = self.a, self.comp
         for i in range(first + 1, last):
             if comp(a[i], a[first]):
                 val = a[i]
                 a[first + 1:i + 1] = a[first:i]
                 a[first] = val
             else:
-                unguarded_linear_insert(i)
-
-    introsort_loop(0, n, lg(n) * 2)
-    if n > 16:
-        insertion_sort(0, 16)
-        for i in range(16, n):
-            unguarded_linear_insert(i)
-    else:
-        insertion_sort(0, n)
-    return a
+                self.unguarded_linear_insert(i)
 
 
 @dataclass
