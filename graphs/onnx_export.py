@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+import time
 import warnings
 from pathlib import Path
 
@@ -48,8 +49,6 @@ def precision_of(name: str, fp16, int8) -> str:
 
 def exporter_record(attention: str, started: float) -> dict:
     """The manifest's "exporter": library versions, opset, attention mode and the export's seconds."""
-    import time
-
     import onnx
     import torch
     import transformers

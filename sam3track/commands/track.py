@@ -31,11 +31,17 @@ class GeometricAction(argparse.Action):
         namespace.geometric = list(getattr(namespace, "geometric", None) or []) + [item]
 
 
+def _load_options(overrides, threads: int | None, precision: str | None, shapes: str | None) -> dict:
+    """sam3track.load's keywords: the config overrides, then threads / precision / shapes where given."""
+    options = dict(overrides or {})
+    for name, value in (("threads", threads), ("precision", precision), ("shapes", shapes)):
+        if value is not None:
+            options[name] = value
+    return options
+
+
 def job_from_args(args: argparse.Namespace) -> TrackJob:
-    load_options = dict(args.set)
-    for name in ("threads", "precision", "shapes"):
-        if getattr(args, name) is not None:
-            load_options[name] = getattr(args, name)
+    load_options = _load_options(args.set, args.threads, args.precision, args.shapes)
     return TrackJob(video=args.video, prompts=list(args.prompt), bundle=args.bundle, output=args.output,
                     json_path=args.json, masks_dir=args.masks_dir, start_frame=args.start_frame,
                     max_frames=args.max_frames, backend=args.backend, device=args.device,
@@ -54,10 +60,7 @@ def run_track(video: str | os.PathLike[str], prompts: Sequence[str], *, override
     """Deprecated: ``sam3track.jobs.run_track(TrackJob(...))``. The keyword form of earlier releases:
     ``overrides``, ``threads``, ``precision`` and ``shapes`` become the job's ``load_options``; the
     other keywords are :class:`~sam3track.jobs.TrackJob` fields."""
-    load_options = dict(overrides or {})
-    for name, value in (("threads", threads), ("precision", precision), ("shapes", shapes)):
-        if value is not None:
-            load_options[name] = value
+    load_options = _load_options(overrides, threads, precision, shapes)
     job["geometric"] = list(job.get("geometric") or [])
     return job_module.run_track(TrackJob(video=video, prompts=list(prompts), load_options=load_options, **job),
                                 stdout=stdout, stderr=stderr, predictor=predictor, report=report)

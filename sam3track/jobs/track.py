@@ -260,8 +260,6 @@ class _Outputs:
     writer: MaskVideoWriter
     json: JsonSink | None = None
     masks: MasksDirSink | None = None
-    sinks: list = field(default_factory=list)
-    written: list = field(default_factory=list)
 
     def write(self, rendered, result, pts: int, time_base) -> None:
         self.writer.write(rendered, pts=pts, time_base=time_base)
@@ -277,7 +275,7 @@ def _open_outputs(job: TrackJob, plan: _Plan, reader: Any, bundle: Path, opened:
     writer = MaskVideoWriter.like(plan.video_out, reader)
     opened.append(writer)
     written.append(plan.video_out)
-    outputs = _Outputs(writer, sinks=opened, written=written)
+    outputs = _Outputs(writer)
     if plan.json_out is not None:
         metadata = {
             "video": str(plan.video), "prompts": list(job.prompts),
