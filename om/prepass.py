@@ -1,18 +1,9 @@
 """The ONNX pre-pass: rewrite a bundle graph into the form ATC parses, and prove the rewrite changed nothing.
 
-ATC's ONNX parser knows only the default domain (custom ops fail with E19010 "No parser is registered
-for Op"), reads one opset, and compiles fixed shapes best. So the pre-pass
-- refuses any node outside the default domain, naming it (renaming the domain, as mmdeploy does, would
-  only turn E19010 into a wrong op: com.microsoft ops have no default-domain twin);
-- keeps a single default-domain opset import;
-- at a reduced precision, turns the memories' bf16 rounding back into Casts (its float32 arithmetic
-  would overflow in float16);
-- writes every input and output dim as a number except the planned varying axes (the exporter leaves
-  spurious dim_params on outputs, and fixed pool sizes must reach ATC as numbers);
-- reports int64/bool inputs (ATC converts them but they are "works but verify", ascend.md 1.1) and ops
-  known to break ATC (ascend.md 1.4) for the om_manifest.
-Then it runs the original and the rewritten graph with onnxruntime on the same seeded inputs and fails
-the conversion unless the outputs agree within 1e-5.
+It refuses nodes outside the default domain, keeps one opset, turns bf16 rounding back into Casts at a
+reduced precision, writes every dim but the planned varying axes as a number, and reports risky inputs
+and ops for the om_manifest; then the original and the rewritten graph must agree within 1e-5 under
+onnxruntime. Each step and why: docs/ascend.md, "The ONNX pre-pass".
 """
 
 from __future__ import annotations

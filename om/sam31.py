@@ -2,31 +2,8 @@
 capacities of the propagation decoder, and the one axis rule ATC's gear profiles must follow.
 
 SAM 3.1 tracks objects in buckets of ``multiplex_count`` (16) slots, so the tracker graphs batch buckets,
-not objects (graphs/sam31/tracker_specs.py). The plan per graph, and why:
-
-- text_encoder: prompts at batch gears (as SAM 3).
-- backbone, interactive_neck: images fixed at 1 (one frame per call, the fastest static model), as SAM 3;
-  ``--gears images=1,2,4`` makes them dynamic batch.
-- grounding_head: rows are (image, prompt) pairs; the graph takes P = 1 prompt for every image or
-  P = I (prompt i with image i), nothing else. Its images axis gets the prompt gears (a frame with 3
-  prompts runs as 3 rows at the gear 4) and --dynamic_dims profiles only for P in {1, I}
-  (``ALLOWED``): 7 profiles by default instead of a cartesian 16 that would include shapes the
-  graph cannot run.
-- propagation_decoder: the pool axes are fixed at ``capacities`` (below) and only buckets vary, so it is
-  dynamic batch over buckets. Real entries fewer than a capacity are padding with memory_valid /
-  pointer_valid 0 (the graph masks them out of the attention; graphs.sam31.tracker_check checks that
-  padding changes nothing), unused pool rows are never indexed. Varying memories or pointers as well
-  (--gears memories=4,10) turns it into dynamic dims over the product.
-- memory_encoder: buckets x mask_side (14F for births and clicks, 16F for propagated frames: the graph
-  resizes 14F to 16F itself, so both are real call shapes): dynamic dims, 3 x 2 = 6 profiles.
-- box_grounding_head: the frame of a boxes add_prompt, one image and one prompt, boxes at ``BOX_GEARS``
-  (dynamic dims; the runtime pads a call to the next gear with box_valid 0, which no token attends to);
-  images and prompts follow grounding_head's rule when --gears varies images.
-- interactive_decoder: objects x points, as SAM 3 (GRAPH_GEARS: objects 1, 2, 4; 33 profiles).
-- mask_init: objects at batch gears.
-
-Padding buckets (a call for 3 buckets at the gear 4) repeat a real bucket, as sam3track.call_sizes
-pads every batch axis; their outputs are dropped.
+not objects (graphs/sam31/tracker_specs.py). The plan per graph, and why: docs/ascend.md, "SAM 3.1
+bundles" and "The SAM 3.1 plan per graph".
 """
 
 from __future__ import annotations

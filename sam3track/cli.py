@@ -1,20 +1,11 @@
 """The ``sam3track`` command: track text prompts through a video, run the demo, inspect a bundle.
 
-    sam3track track VIDEO --prompt TEXT [--prompt TEXT ...] --bundle DIR [-o OUT.mp4]
-                    [--json OUT.json] [--masks-dir DIR] [--start-frame N] [--max-frames N]
-                    [--keep-timestamps] [--obj-id ID] [--point FRAME:X,Y[:LABEL] ...]
-                    [--box FRAME:X0,Y0,X1,Y1 ...]
-    sam3track batch INPUTS... --prompt TEXT [--prompt TEXT ...] --bundle DIR --out DIR
-                    [--workers N] [--address auto|ray://HOST:PORT] [--outputs mp4,json,png]
-    sam3track demo [-o OUT.mp4] [--max-frames N]
-    sam3track info BUNDLE
+    sam3track track VIDEO --prompt TEXT --bundle DIR [-o OUT.mp4] ...
+    sam3track batch INPUTS... --prompt TEXT --bundle DIR --out DIR ...
+    sam3track demo; sam3track info BUNDLE
 
-Exit codes: 0 success, 2 bad input (the message on stderr says what and where), 130 / 143
-stopped by Ctrl-C / SIGTERM (the frames finished before it are left beside the outputs under
-``.interrupted`` names; the paths asked for only ever hold complete outputs).
-
-This module parses the command line and dispatches; each subcommand lives in
-:mod:`sam3track.commands` (``track``, ``demo``, ``info``).
+This module parses the command line and dispatches; each subcommand lives in :mod:`sam3track.commands`.
+Every option and the exit codes: docs/api.md, "Command line outputs".
 """
 
 from __future__ import annotations

@@ -1,49 +1,13 @@
-"""Meta's SAM 3 video predictor request API on a sam3track bundle.
+"""Meta's SAM 3 video predictor request API on a sam3track bundle: :class:`OfficialPredictor`.
 
-Code written for the official predictor's ``handle_request`` / ``handle_stream_request`` runs
-unchanged against :class:`OfficialPredictor`::
-
-    from sam3track.compat import OfficialPredictor
+Code written for the official ``handle_request`` / ``handle_stream_request`` runs unchanged; outputs
+are :meth:`FrameResult.to_official`, and a bad request raises one :class:`RequestError` naming the
+field at fault, before the session changes::
 
     predictor = OfficialPredictor("sam3-bundle")          # or OfficialPredictor(sam3track.load(...))
     sid = predictor.handle_request({"type": "start_session", "resource_path": "video.mp4"})["session_id"]
-    predictor.handle_request({"type": "add_prompt", "session_id": sid, "frame_index": 0, "text": "dog"})
-    for response in predictor.handle_stream_request({"type": "propagate_in_video", "session_id": sid}):
-        response["frame_index"], response["outputs"]["out_binary_masks"]
-    predictor.handle_request({"type": "close_session", "session_id": sid})
 
-Request types and fields are the official ones (``sam3_base_predictor.py``); outputs are
-:meth:`FrameResult.to_official`. Semantics follow the official SAM 3 predictor:
-
-- ``add_prompt`` with ``text`` starts over (every object, memory and prompt of the session is
-  dropped, as the official ``reset_state``), then tracks ``frame_index`` with that text and returns
-  its outputs.
-- ``add_prompt`` with ``points`` needs ``obj_id`` (as the official asserts): an id not tracked yet
-  starts a new object, a tracked one is refined on that frame. ``clear_old_points`` defaults to
-  True as in the official request, so the client sends every click of the object each time.
-- ``bounding_boxes`` (``[x, y, w, h]``, as the official) on a SAM 3 bundle, without ``text``, are
-  **tracker box prompts**, one new object per box (or the box of ``obj_id`` when one box is given,
-  together with its ``points`` if any). This is an extension: the official SAM 3 treats boxes as
-  detector exemplars, which sam3track's SAM 3 path does not support, so boxes together with text are
-  refused there. On a SAM 3.1 bundle they are what Meta's SAM 3.1 predictor makes of them: detector
-  exemplars on that frame (``bounding_box_labels`` 1 positive, 0 negative), with or without text, and
-  the prompt starts over as a text one does.
-- ``rel_coordinates`` (default True) means points and boxes are fractions of the video's width
-  and height; False means video pixels.
-- ``output_prob_thresh``, ``offload_*``, ``run_gc_collect`` and ``clear_cache_threshold`` are
-  accepted and ignored (the official SAM 3 video model ignores the first; the others manage torch
-  memory).
-- ``propagate_in_video``: ``propagation_direction`` ("both" by default), ``start_frame_index``
-  (default: the earliest prompted frame), ``max_frame_num_to_track`` M: the start frame and up to M
-  more frames in each direction, as the official counts them.
-- ``remove_object`` returns ``{"frame_index", "outputs"}`` with empty outputs, as the official SAM 3
-  model does; ``reset_session``, ``cancel_propagation`` and ``close_session`` return
-  ``{"is_success": True}``; closing a session twice (or an unknown one) is fine, as official.
-
-Every bad request raises one :class:`RequestError` (or the session's own ``Sam3TrackError``) that
-names the field or value at fault, and is checked before the session changes: the session stays
-usable. A new request on a session ends a propagation of it still suspended (as
-``cancel_propagation`` would).
+Request types, fields and rules: docs/api.md, "Clicks, boxes and the official request API".
 """
 
 from __future__ import annotations

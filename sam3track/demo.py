@@ -1,17 +1,8 @@
 """The demo bundle: a small SAM 3 with RANDOM weights, shipped inside the package.
 
-It exists so ``sam3track demo`` and the notebooks work straight after ``pip install``, without torch
-and without downloading the real facebook/sam3 checkpoint. Its masks show the machinery
-(reading, tracking, drawing, writing), not the model's skill.
-
-The bundle lives in ``sam3track/demo_bundle/`` (seven graphs, tokenizer, manifest; no checkpoint, which
-the runtime never reads). It is the ``demo`` preset of ``graphs/tiny.py`` with seed 0, and is
-regenerated, after changing that preset or the exporter, with one command from the repository root:
-
-    python -m graphs.export --demo --out sam3track/demo_bundle --overwrite
-
-``tests/test_demo_bundle.py`` exports it afresh and checks that every graph gives the shipped graph's
-outputs, so a stale shipped bundle fails the tests.
+It lets ``sam3track demo`` and the notebooks run straight after ``pip install``, without torch or the
+real checkpoint; its masks show the machinery, not the model's skill. What it holds and how to
+regenerate it: docs/api.md, "The demo bundle".
 """
 
 from __future__ import annotations

@@ -1,40 +1,10 @@
-"""Mask post-processing of SAM 3 video tracking, in numpy and OpenCV.
+"""Mask post-processing of SAM 3 video tracking (NMS, hole filling, non-overlap, shrinkage and
+occlusion suppression) in numpy and OpenCV; nothing here imports torch.
 
-Each function reproduces one function of Hugging Face transformers 5.24.0,
-``transformers/models/sam3_video/modeling_sam3_video.py``, bit for bit on float32 inputs:
-
-=========================================  ==============================================================
-here                                       transformers
-=========================================  ==============================================================
-``mask_iou``                               ``mask_iou``
-``nms_masks``                              ``nms_masks`` (+ ``generic_nms`` of kernels-community/cv-utils)
-``fill_holes_in_mask_scores``              ``fill_holes_in_mask_scores`` (+ ``cc_2d`` of cv-utils)
-``connected_component_areas``              ``_get_connected_components_with_padding`` (counts only)
-``apply_non_overlapping_constraints``      ``Sam3VideoModel._apply_non_overlapping_constraints``
-``suppress_shrunk_masks``                  ``Sam3VideoModel._suppress_shrunk_masks``
-``suppress_object_pw_area_shrinkage``      ``Sam3VideoModel._suppress_object_pw_area_shrinkage(_impl)``
-``objects_to_suppress_by_recent_occlusion`` ``Sam3VideoModel._get_objects_to_suppress_based_on_most_recently_occluded``
-=========================================  ==============================================================
-
-Nothing here imports torch. Nothing here builds an ``N x N x H x W`` (or ``N x M x H*W``) array:
-pairwise quantities are reduced with matrix products over pixel chunks, so memory stays
-``O((N + M) * chunk + N * M)`` however many candidates the detector returns.
-
-Reference kernels (the transformers code calls them through the ``kernels`` package, with a
-silent "keep everything" fallback when the package is missing; the semantics below are those
-of the CUDA kernels, not of that fallback):
-
-* ``generic_nms(ious, scores, thr, use_iou_matrix=True)`` (huggingface/kernels-community
-  ``cv-utils/cv_utils/generic_nms.cu``, a copy of ronghanghu/torch_generic_nms): order by
-  ``scores.sort(stable=True, descending=True)``; greedy: the best remaining detection is kept and
-  suppresses every later one with ``static_cast<double>(iou) > iou_threshold`` (strict, the
-  float32 IoU compared in double precision); a suppressed detection suppresses nothing.
-* ``cc_2d(mask, get_counts=True)`` (``cv-utils/cv_utils/connected_components.cu``, a copy of
-  ronghanghu/cc_torch): block-based union-find (YACCLAB BUF) merging each 2x2 block with its
-  top-left, top, top-right and left blocks, i.e. **8-connectivity** over the non-zero pixels;
-  zero pixels get label 0 and count 0. Meta's own CPU fallback (facebookresearch/sam3
-  ``sam3/perflib/connected_components.py``) uses ``skimage.measure.label`` whose default
-  2-D connectivity is 2, i.e. 8-connected as well.
+Each function reproduces one function of transformers' ``modeling_sam3_video.py`` bit for bit on
+float32 inputs. Pairwise quantities are reduced over pixel chunks, never as an ``N x N x H x W``
+array, so memory stays ``O((N + M) * chunk + N * M)``. The function-by-function map and the CUDA
+kernels' semantics it follows (``generic_nms``, ``cc_2d``): docs/architecture.md, "Mask post-processing".
 """
 
 from __future__ import annotations

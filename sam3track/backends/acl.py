@@ -1,28 +1,10 @@
 """Ascend backend: ATC-compiled OM models run through pyacl, with every tensor kept in NPU memory.
 
-Facts about pyacl used here come from /work/shared/docs/ascend.md; comments cite its source tags
-(P-xxxx pyACL reference pages, C-xxxx AscendCL C pages, MMD mmdeploy's wrapper, ACLL acllite, ERR the
-error-code table) and say [unconfirmed] where no public source confirmed the behaviour.
-
-Design
-- Handles: a DeviceTensor's handle is (_Allocation, byte offset). Views (rows, reshape) are interior
-  pointers into the same allocation; freeing the allocation makes every view of it fail on use. As
-  with ONNX Runtime, a block nobody references any more is released too (at the next call).
-- Modules: pyacl import, acl.init once per process and return codes as errors in acl_runtime.py;
-  what one OM model is (inputs, outputs, gears, the checks against om_manifest.json) in acl_models.py;
-  how a run's tensors reach the model (datasets, staging, outputs, gears) in acl_datasets.py.
-- Graphs: one AclGraph per OM model (its desc, input/output descriptions read from the desc BY NAME,
-  its compiled gears) with buffers it owns: device input buffers + pinned host staging for inputs
-  that arrive as numpy arrays, the hidden `ascend_mbatch_shape_data` buffer, one output buffer per
-  output that the caller did not place (sized for the largest gear, reused by every run).
-- Datasets: one input and one output dataset per (graph, gear), built at load; every run only
-  re-points their data buffers (acl.update_data_buffer) at the current tensors.
-- Gear selection: the inputs arrive at sizes Backend.plan chose; their sizes on the graph's axes
-  must be exactly one compiled gear, else the call is refused (never silently padded here).
-- Threads: the context is thread-local in AscendCL [C-0061, ascend.md 3.1.3]; every public method
-  that calls into acl first makes this backend's context current on the calling thread.
-- Teardown (close): datasets and their data buffers, descs, models, device and host memory, stream,
-  context, device, and acl.finalize when this process's last backend owned acl.init.
+Runtime (acl.init, return codes) in acl_runtime.py, one OM model in acl_models.py, a run's datasets in
+acl_datasets.py. Comments cite the source tags of /work/shared/docs/ascend.md (P-xxxx pyACL reference
+pages, C-xxxx AscendCL C pages, MMD mmdeploy's wrapper, ACLL acllite, ERR the error-code table) and say
+[unconfirmed] where no public source confirmed the behaviour. The design (handles, graphs, datasets,
+gears, threads, teardown): docs/ascend.md, "The acl backend".
 """
 
 from __future__ import annotations

@@ -1,44 +1,11 @@
 """OpenVINO backend (CPU): the bundle's .onnx graphs compiled by OpenVINO, tensors kept in OpenVINO memory.
 
-Memory. Every allocation (`upload`, `empty`, `zeros`, each run's own outputs) is an `ov.Tensor` that
-OpenVINO allocated; a `DeviceTensor`'s handle is (storage, byte offset) as in the ONNX Runtime backend.
-Row views and reshapes share that memory: when a view is bound to a graph it is wrapped, for that call
-only, in an `ov.Tensor` over the same bytes (no copy). `free` drops the backend's reference; the bytes
-go back when the last wrapper does (an infer request holds the tensors of its last call until its next).
-
-Runs. One compiled model and one infer request per graph, reused for every call (a lock per graph
-keeps two threads off one request). The graphs keep the bundle's dynamic axes: OpenVINO compiles them
-once with dynamic shapes and infers each call at the shapes of its inputs (no recompilation per
-shape). Outputs named in `outputs=` are bound to views of the caller's tensors (memory bank pools),
-so the graph writes straight into them; a run that would not fill the view exactly is an error. Every
-other output is bound to a new, empty OpenVINO tensor that the run sizes and fills, so a result never
-aliases memory a later run writes (stricter than base.Backend.run requires, as ONNX Runtime's is).
-
-Shapes. shapes="dynamic" (the default) compiles each graph once with the bundle's dynamic axes, as
-above. shapes="static" compiles a graph again, lazily, for every distinct set of input shapes it is
-called with (kept per graph, the least recently used dropped past MAX_STATIC_SHAPES) and runs each
-call on the model compiled for exactly its shapes. OpenVINO runs a static model much faster (measured
-at mid size, bf16, 16 objects: propagation decoder 1,150 -> 690 ms, memory encoder 350 -> 230 ms): a
-dynamic model pays per call for shape inference and memory planning, and fuses fewer element-wise ops.
-The cost is a compile (about 2 s for the mid propagation decoder) the first time each shape is seen:
-the object count, and the memories and pointers an object reads, which grow over an object's first
-7 and 16 frames and then stay. Worth it for long videos and streams, not for a few frames.
-
-Precision. precision="fp32" (the default) compiles with INFERENCE_PRECISION_HINT=f32; OpenVINO's own
-default on CPUs with AMX or AVX512-BF16 is bf16, so it is always set. precision="bf16" asks for bf16
-where the CPU has it (OPTIMIZATION_CAPABILITIES lists BF16) and is an error elsewhere.
-
-Graphs stored at lower precision (checked with OpenVINO 2026.4 against onnxruntime.quantization 1.32 on
-the tiny bundle's backbone): fp16 weights (with or without fp16 inputs and outputs) load and run;
-ONNX Runtime's dynamic quantisation (DynamicQuantizeLinear + MatMulInteger / ConvInteger, int8 or
-uint8 weights) loads and runs, int8 weights agreeing with ONNX Runtime's run of the same graph to
-~1e-6 relative; static QOperator graphs (QLinearConv, QLinearMatMul, ...) load and run but differ
-from ONNX Runtime's run of them; static QDQ graphs (QuantizeLinear/DequantizeLinear pairs) fail in
-OpenVINO's low-precision transformations at compile time: that is a BundleError naming the graph.
-
-Compiled models are not cached on disk by default: compiling the mid bundle's seven graphs takes
-seconds, once per load. cache_dir= (OpenVINO's CACHE_DIR; OpenVINO keys entries on the model and
-the compile options) skips that on later loads; it is a constructor option, not a load() argument.
+One compiled model and infer request per graph; outputs named in `outputs=` are written straight into the
+caller's views, every other output into a fresh tensor. Options: shapes="dynamic" (default) or "static"
+(compiled again per new call shape, faster calls), precision="fp32" (default, always set) or "bf16" (CPUs
+that list BF16), cache_dir= (OpenVINO's compiled-model cache). The design: docs/architecture.md, "The
+OpenVINO backend"; what static shapes and bf16 gain and cost, and which quantised graphs load:
+docs/speed.md, "CPU fast paths".
 """
 
 from __future__ import annotations

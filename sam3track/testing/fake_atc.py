@@ -163,6 +163,45 @@ def _np_dtype(elem_type: int) -> str:
 
 def check(opts: dict[str, str]) -> dict:
     """Validate a parsed command line against the model; return the fake OM header."""
+    _check_options(opts)
+    fmt = opts.get("input_format")
+    model = _load_model(opts["model"])
+    _check_parsers(model)
+    inputs = _graph_inputs(model)
+    names = [i.name for i in inputs]
+    shapes = _input_shapes(opts, inputs, names)
+
+    holes = [(n, k) for n in names for k, d in enumerate(shapes[n]) if d == -1]
+    ranged = any(isinstance(d, tuple) for n in names for d in shapes[n])
+    _check_dynamic_options(opts, fmt, ranged)
+
+    header = {"fake_om_version": FAKE_OM_VERSION, "soc_version": opts["soc_version"], "mode": "static",
+              "input_format": fmt or "ND",
+              "precision": {"precision_mode_v2": opts.get("precision_mode_v2"),
+                            "precision_mode": opts.get("precision_mode")},
+              "hidden_input": None, "batch_sizes": None, "dynamic_dims": None, "ranges": None}
+    largest = {n: [d[1] if isinstance(d, tuple) else d for d in shapes[n]] for n in names}
+    if "dynamic_batch_size" in opts:
+        _batch_gears(opts, header, holes, largest)
+    elif "dynamic_dims" in opts:
+        _dims_gears(opts, fmt, header, holes, largest)
+    elif holes or ranged:
+        # -1 or lo~hi without a gear option: shape range ("-1 = any size") [D-shape].
+        header.update(mode="shape_range",
+                      ranges={n: [list(d) if isinstance(d, tuple) else d for d in shapes[n]] for n in names})
+
+    fp16 = set(filter(None, opts.get("input_fp16_nodes", "").split(";")))
+    for n in fp16:
+        if n not in names:
+            raise _invalid("input_fp16_nodes", n, f"the model has no input {n}")
+    header["inputs"] = [{"name": i.name, "dtype": "float16" if i.name in fp16 else _np_dtype(i.type.tensor_type.elem_type),
+                         "dims": [d if isinstance(d, int) else -1 for d in shapes[i.name]]} for i in inputs]
+    header["outputs"] = _outputs(model, largest)
+    return header
+
+
+def _check_options(opts: dict[str, str]) -> None:
+    """The checks that need only the command line, before the model is read."""
     if opts.get("framework") != "5":
         raise _invalid("framework", opts.get("framework"), "the fake atc converts ONNX models only (--framework=5)")
     for required in ("model", "output", "soc_version"):
@@ -193,12 +232,9 @@ def check(opts: dict[str, str]) -> dict:
     if fmt is not None and fmt not in INPUT_FORMATS:
         raise _invalid("input_format", fmt, f"choose from {'|'.join(INPUT_FORMATS)}")
 
-    model = _load_model(opts["model"])
-    _check_parsers(model)
-    inputs = _graph_inputs(model)
-    names = [i.name for i in inputs]
 
-    # --input_shape: names are the graph's inputs, every input covered, ranks and fixed dims as in the model.
+def _input_shapes(opts: dict[str, str], inputs: list, names: list[str]) -> dict[str, list]:
+    """--input_shape: names are the graph's inputs, every input covered, ranks and fixed dims as in the model."""
     if "input_shape" in opts:
         given = parse_input_shape(opts["input_shape"])
     else:
@@ -224,9 +260,11 @@ def check(opts: dict[str, str]) -> dict:
             # Stricter than documented: a fixed size that contradicts the model fails later in ATC anyway.
             if isinstance(d, int) and d != -1 and md.HasField("dim_value") and md.dim_value != d:
                 raise _invalid("input_shape", i.name, f"dim {k} is {d} but the model fixes it at {md.dim_value}")
+    return shapes
 
-    holes = [(n, k) for n in names for k, d in enumerate(shapes[n]) if d == -1]
-    ranged = any(isinstance(d, tuple) for n in names for d in shapes[n])
+
+def _check_dynamic_options(opts: dict[str, str], fmt: str | None, ranged: bool) -> None:
+    """At most one dynamic option, with --input_format, and no lo~hi range beside it."""
     dynamic = [o for o in DYNAMIC_OPTIONS if o in opts]
     if len(dynamic) > 1:
         raise AtcFailure("E10001", f"parameters {['--' + o for o in dynamic]} are mutually exclusive; give one")
@@ -235,54 +273,41 @@ def check(opts: dict[str, str]) -> dict:
     if dynamic and ranged:
         raise _invalid("input_shape", opts["input_shape"], f"a lo~hi range cannot be combined with --{dynamic[0]}")
 
-    header = {"fake_om_version": FAKE_OM_VERSION, "soc_version": soc, "mode": "static", "input_format": fmt or "ND",
-              "precision": {"precision_mode_v2": opts.get("precision_mode_v2"),
-                            "precision_mode": opts.get("precision_mode")},
-              "hidden_input": None, "batch_sizes": None, "dynamic_dims": None, "ranges": None}
-    largest = {n: [d[1] if isinstance(d, tuple) else d for d in shapes[n]] for n in names}
-    if "dynamic_batch_size" in opts:
-        batches = _positive_list("dynamic_batch_size", opts["dynamic_batch_size"])
-        if not holes:
-            raise _invalid("dynamic_batch_size", opts["dynamic_batch_size"], "no input dim is -1 in --input_shape")
-        bad = [(n, k) for n, k in holes if k != 0]
-        if bad:
-            raise _invalid("input_shape", opts["input_shape"], f"-1 at dim {bad[0][1]} of {bad[0][0]}; with "
-                           "--dynamic_batch_size only dim 0 may be -1")
-        if not MIN_GEARS <= len(batches) <= MAX_GEARS:
-            raise _invalid("dynamic_batch_size", opts["dynamic_batch_size"],
-                           f"{len(batches)} gears; give {MIN_GEARS} to {MAX_GEARS}")
-        header.update(mode="dynamic_batch", hidden_input=HIDDEN_INPUT, batch_sizes=batches)
-        for n, k in holes:
-            largest[n][k] = max(batches)
-    elif "dynamic_dims" in opts:
-        if fmt != "ND":
-            raise _invalid("input_format", fmt, "--dynamic_dims requires --input_format=ND")
-        if not holes:
-            raise _invalid("dynamic_dims", opts["dynamic_dims"], "no input dim is -1 in --input_shape")
-        profiles = [_positive_list("dynamic_dims", p) for p in opts["dynamic_dims"].split(";") if p != ""]
-        if not MIN_GEARS <= len(profiles) <= MAX_GEARS:
-            raise _invalid("dynamic_dims", opts["dynamic_dims"], f"{len(profiles)} profiles; give {MIN_GEARS} "
-                           f"to {MAX_GEARS}")
-        for p in profiles:
-            if len(p) != len(holes):
-                raise _invalid("dynamic_dims", ",".join(map(str, p)), f"{len(p)} values for {len(holes)} -1 dims "
-                               "in --input_shape; each profile gives one value per -1, in input order")
-        header.update(mode="dynamic_dims", hidden_input=HIDDEN_INPUT, dynamic_dims=profiles)
-        for j, (n, k) in enumerate(holes):
-            largest[n][k] = max(p[j] for p in profiles)
-    elif holes or ranged:
-        # -1 or lo~hi without a gear option: shape range ("-1 = any size") [D-shape].
-        header.update(mode="shape_range",
-                      ranges={n: [list(d) if isinstance(d, tuple) else d for d in shapes[n]] for n in names})
 
-    fp16 = set(filter(None, opts.get("input_fp16_nodes", "").split(";")))
-    for n in fp16:
-        if n not in names:
-            raise _invalid("input_fp16_nodes", n, f"the model has no input {n}")
-    header["inputs"] = [{"name": i.name, "dtype": "float16" if i.name in fp16 else _np_dtype(i.type.tensor_type.elem_type),
-                         "dims": [d if isinstance(d, int) else -1 for d in shapes[i.name]]} for i in inputs]
-    header["outputs"] = _outputs(model, largest)
-    return header
+def _batch_gears(opts: dict[str, str], header: dict, holes: list, largest: dict) -> None:
+    """--dynamic_batch_size: only dim 0 may be -1; sets the header's gears and the largest shapes."""
+    batches = _positive_list("dynamic_batch_size", opts["dynamic_batch_size"])
+    if not holes:
+        raise _invalid("dynamic_batch_size", opts["dynamic_batch_size"], "no input dim is -1 in --input_shape")
+    bad = [(n, k) for n, k in holes if k != 0]
+    if bad:
+        raise _invalid("input_shape", opts["input_shape"], f"-1 at dim {bad[0][1]} of {bad[0][0]}; with "
+                       "--dynamic_batch_size only dim 0 may be -1")
+    if not MIN_GEARS <= len(batches) <= MAX_GEARS:
+        raise _invalid("dynamic_batch_size", opts["dynamic_batch_size"],
+                       f"{len(batches)} gears; give {MIN_GEARS} to {MAX_GEARS}")
+    header.update(mode="dynamic_batch", hidden_input=HIDDEN_INPUT, batch_sizes=batches)
+    for n, k in holes:
+        largest[n][k] = max(batches)
+
+
+def _dims_gears(opts: dict[str, str], fmt: str | None, header: dict, holes: list, largest: dict) -> None:
+    """--dynamic_dims: ND format, one value per -1 in each profile; sets the header's gears and the largest shapes."""
+    if fmt != "ND":
+        raise _invalid("input_format", fmt, "--dynamic_dims requires --input_format=ND")
+    if not holes:
+        raise _invalid("dynamic_dims", opts["dynamic_dims"], "no input dim is -1 in --input_shape")
+    profiles = [_positive_list("dynamic_dims", p) for p in opts["dynamic_dims"].split(";") if p != ""]
+    if not MIN_GEARS <= len(profiles) <= MAX_GEARS:
+        raise _invalid("dynamic_dims", opts["dynamic_dims"], f"{len(profiles)} profiles; give {MIN_GEARS} "
+                       f"to {MAX_GEARS}")
+    for p in profiles:
+        if len(p) != len(holes):
+            raise _invalid("dynamic_dims", ",".join(map(str, p)), f"{len(p)} values for {len(holes)} -1 dims "
+                           "in --input_shape; each profile gives one value per -1, in input order")
+    header.update(mode="dynamic_dims", hidden_input=HIDDEN_INPUT, dynamic_dims=profiles)
+    for j, (n, k) in enumerate(holes):
+        largest[n][k] = max(p[j] for p in profiles)
 
 
 # ------------------------------------------------------------------------------------------- outputs
