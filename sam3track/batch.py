@@ -1,27 +1,9 @@
 """Many videos on one machine or a cluster: ``sam3track batch`` on Ray.
 
-Each Ray worker is an actor holding one predictor, loaded once when the actor starts, that tracks
-one video at a time through :func:`sam3track.jobs.run_track`, the code behind
-``sam3track track``: a video's outputs are byte for byte what ``track`` writes for it alone, and
-they reach their final names by the same temp+rename rule (a killed worker leaves at most a
-``.partial`` file, which the retry overwrites).
-
-Fault tolerance is Ray's: the actors are created with ``max_restarts`` (a dead worker process is
-replaced, loading its predictor again) and ``max_task_retries`` (the video it was tracking is
-submitted again to the replacement, from the start). A bad video (corrupt, unreadable, no frames)
-is not a crash: the worker returns it as failed with ``run_track``'s one-line reason, and Ray does
-not retry it.
-
-The driver alone writes ``OUT/ledger.jsonl``: one JSON line per finished video (flushed and synced
-per line). A rerun of the same command skips the videos whose last line says done, with the same
-prompts and outputs, and whose outputs still exist; it tracks the failed and the missing ones.
-
-Output names: ``<stem>-<8 hex digits>``, the digits a hash of the input's absolute path, so two
-inputs with the same stem in different folders never collide and a video keeps its names when the
-command is rerun with more or fewer inputs: ``OUT/<name>.masks.mp4``, ``OUT/<name>.json``,
-``OUT/<name>.masks/`` (PNGs).
-
-Ray is an optional dependency (``pip install 'sam3track[ray]'``), imported only here, on first use.
+Ray actors, each holding one predictor loaded once, track one video at a time through
+:func:`sam3track.jobs.run_track`; the driver alone writes ``OUT/ledger.jsonl``, so a rerun skips
+what is done. Ray is an optional dependency, imported only here, on first use. Output names,
+retries and the ledger, with measurements: ``docs/batch.md``.
 """
 
 from __future__ import annotations
@@ -173,7 +155,7 @@ def _parse_outputs(outputs: str | Sequence[str]) -> list[str]:
 
 
 class _Worker:
-    """One predictor, loaded once, tracking one video per call (a Ray actor; see the module)."""
+    """One predictor, loaded once, tracking one video per call (a Ray actor; see docs/batch.md)."""
 
     def __init__(self, bundle: str, backend: str, device: str, overrides: dict,
                  threads: int | None, hooks: dict) -> None:
@@ -277,6 +259,44 @@ def track_videos(
     per worker (default: the machine's cores shared among the local workers). Closing the
     generator early (Ctrl-C) kills the workers; the ledger keeps what finished.
     """
+    plan = _plan(prompts, workers, outputs, bundle, out_dir)
+    yield from _skip_done(plan, collect_inputs(paths))
+    if not plan.todo:
+        return
+    ray, started_here = _start_ray(address, workers, num_cpus)
+    actors = _start_workers(ray, plan, workers, address, backend, device, overrides, threads)
+    run = _Run(ray, actors, started_here, _open_ledger(plan.out))
+    try:
+        yield from _track_todo(plan, run)
+    finally:
+        _stop(run)
+
+
+@dataclass
+class _Plan:
+    """The checked arguments of :func:`track_videos` and the videos left to track."""
+
+    prompts: list[str]
+    kinds: list[str]
+    bundle_dir: Path
+    out: Path
+    settings: dict[str, Any]
+    todo: list[Path] = field(default_factory=list)
+
+
+@dataclass
+class _Run:
+    """Ray, the workers and the open ledger while the videos are tracked."""
+
+    ray: Any
+    actors: list[Any]
+    started_here: bool  # this call started Ray, so it shuts it down
+    ledger: io.TextIOWrapper
+
+
+def _plan(prompts: Sequence[str] | str, workers: int, outputs: str | Sequence[str],
+          bundle: str | os.PathLike[str], out_dir: str | os.PathLike[str]) -> _Plan:
+    """Check the arguments (:class:`UsageError` on a bad one) and create the output folder."""
     prompts = [prompts] if isinstance(prompts, str) else list(prompts)
     if not prompts or any(not p.strip() for p in prompts):
         raise UsageError("give at least one non-empty --prompt TEXT (e.g. --prompt person)")
@@ -289,36 +309,43 @@ def track_videos(
                        f"one with python -m graphs.export --checkpoint SNAPSHOT --out DIR")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    videos = collect_inputs(paths)
-    settings = {"prompts": prompts, "outputs": kinds}
-    previous = read_ledger(out)
-    todo = []
+    return _Plan(prompts, kinds, bundle_dir, out, {"prompts": prompts, "outputs": kinds})
+
+
+def _skip_done(plan: _Plan, videos: list[Path]) -> Iterator[VideoSummary]:
+    """Yield the videos an earlier run did (``skipped=True``); the others go to ``plan.todo``."""
+    previous = read_ledger(plan.out)
     for video in videos:
         record = previous.get(str(video))
-        if _already_done(record, settings):
+        if _already_done(record, plan.settings):
             record.skipped = True
             yield record
         else:
-            todo.append(video)
-    if not todo:
-        return
+            plan.todo.append(video)
 
+
+def _start_ray(address: str | None, workers: int, num_cpus: int | None) -> tuple[Any, bool]:
+    """Ray, started here unless it already runs in this process; and whether it was."""
     ray = _import_ray()
-    started_here = False
-    cpus = os.cpu_count() or 1
-    if not ray.is_initialized():
-        if address is None:
-            ray.init(num_cpus=num_cpus or max(cpus, workers), include_dashboard=False,
-                     logging_level="ERROR", log_to_driver=False, configure_logging=True)
-        else:
-            ray.init(address=address, logging_level="ERROR", log_to_driver=False)
-        started_here = True
+    if ray.is_initialized():
+        return ray, False
+    if address is None:
+        ray.init(num_cpus=num_cpus or max(os.cpu_count() or 1, workers), include_dashboard=False,
+                 logging_level="ERROR", log_to_driver=False, configure_logging=True)
+    else:
+        ray.init(address=address, logging_level="ERROR", log_to_driver=False)
+    return ray, True
+
+
+def _start_workers(ray: Any, plan: _Plan, workers: int, address: str | None, backend: str,
+                   device: str, overrides: dict | None, threads: int | None) -> list[Any]:
+    """One actor per worker (no more than there are videos), each loading the bundle."""
     hooks = {"frame_delay": os.environ.get(FRAME_DELAY_ENV), "pid_dir": os.environ.get(PID_DIR_ENV),
              "hold_file": os.environ.get(HOLD_FILE_ENV)}
     hooks = {k: v for k, v in hooks.items() if v}
     on_gpu = str(device).startswith("cuda")
     if threads is None and address is None:
-        threads = max(1, cpus // workers)
+        threads = max(1, (os.cpu_count() or 1) // workers)
     worker_class = ray.remote(_Worker).options(
         max_restarts=-1,  # each restart comes from a video with bounded retries
         max_task_retries=MAX_TASK_RETRIES,
@@ -327,45 +354,62 @@ def track_videos(
     )
     # Ray gives each GPU actor its own device as the only one it sees.
     worker_device = "cuda:0" if on_gpu else device
-    actors = [worker_class.remote(str(bundle_dir), backend, worker_device, dict(overrides or {}),
-                                  threads, hooks) for _ in range(min(workers, len(todo)))]
+    return [worker_class.remote(str(plan.bundle_dir), backend, worker_device, dict(overrides or {}),
+                                threads, hooks) for _ in range(min(workers, len(plan.todo)))]
+
+
+def _open_ledger(out: Path) -> io.TextIOWrapper:
+    """``out/ledger.jsonl`` opened to append, starting on a fresh line."""
     ledger = open(out / LEDGER_NAME, "a", encoding="utf-8")
     if ledger.tell() and not (out / LEDGER_NAME).read_bytes().endswith(b"\n"):
         ledger.write("\n")  # a line torn by a crash stays alone (read_ledger skips it)
+    return ledger
+
+
+def _track_todo(plan: _Plan, run: _Run) -> Iterator[VideoSummary]:
+    """Each video of ``plan.todo`` on a free worker; each result in the ledger, then yielded."""
     pending: dict[Any, tuple[Path, Any]] = {}
-    queue = list(reversed(todo))
-    idle = list(actors)
+    queue = list(reversed(plan.todo))
+    idle = list(run.actors)
+    while queue or pending:
+        while idle and queue:  # one video per worker at a time: the next goes to whoever is free
+            actor, video = idle.pop(), queue.pop()
+            paths_out = {k: str(p) for k, p in output_paths(video, plan.out, plan.kinds).items()}
+            ref = actor.track.remote(str(video), plan.prompts, paths_out, plan.settings)
+            pending[ref] = (video, actor)
+        ready, _ = run.ray.wait(list(pending), num_returns=1)
+        ref = ready[0]
+        video, actor = pending.pop(ref)
+        summary = _result(run.ray, ref, video, plan.settings)
+        idle.append(actor)
+        run.ledger.write(summary.to_json() + "\n")
+        run.ledger.flush()
+        os.fsync(run.ledger.fileno())
+        yield summary
+
+
+def _result(ray: Any, ref: Any, video: Path, settings: dict[str, Any]) -> VideoSummary:
+    """The worker's summary, or the video failed with Ray's first line when its worker died;
+    :class:`UsageError` when a worker could not start (no video can run)."""
     try:
-        while queue or pending:
-            while idle and queue:  # one video per worker at a time: the next goes to whoever is free
-                actor, video = idle.pop(), queue.pop()
-                paths_out = {k: str(p) for k, p in output_paths(video, out, kinds).items()}
-                ref = actor.track.remote(str(video), prompts, paths_out, settings)
-                pending[ref] = (video, actor)
-            ready, _ = ray.wait(list(pending), num_returns=1)
-            ref = ready[0]
-            video, actor = pending.pop(ref)
-            try:
-                summary = ray.get(ref)
-            except ray.exceptions.RayError as e:
-                first = (str(e).strip().splitlines() or [type(e).__name__])[0]
-                if "creation task" in first:  # the worker could not load the bundle: no video can run
-                    lines = [ln.strip() for ln in str(e).strip().splitlines() if ln.strip()]
-                    raise UsageError(f"a worker could not start: {lines[-1]}") from None
-                if isinstance(e, ray.exceptions.RayActorError):  # died more often than retried
-                    first = f"the worker died (tried {MAX_TASK_RETRIES + 1} times at most): {first}"
-                summary = VideoSummary(str(video), "failed", settings=settings, reason=first)
-            idle.append(actor)
-            ledger.write(summary.to_json() + "\n")
-            ledger.flush()
-            os.fsync(ledger.fileno())
-            yield summary
-    finally:
-        ledger.close()
-        for actor in actors:
-            try:
-                ray.kill(actor, no_restart=True)
-            except Exception:
-                pass
-        if started_here:
-            ray.shutdown()
+        return ray.get(ref)
+    except ray.exceptions.RayError as e:
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        if "creation task" in first:  # the worker could not load the bundle: no video can run
+            lines = [ln.strip() for ln in str(e).strip().splitlines() if ln.strip()]
+            raise UsageError(f"a worker could not start: {lines[-1]}") from None
+        if isinstance(e, ray.exceptions.RayActorError):  # died more often than retried
+            first = f"the worker died (tried {MAX_TASK_RETRIES + 1} times at most): {first}"
+        return VideoSummary(str(video), "failed", settings=settings, reason=first)
+
+
+def _stop(run: _Run) -> None:
+    """Close the ledger, kill the workers, and shut Ray down if this call started it."""
+    run.ledger.close()
+    for actor in run.actors:
+        try:
+            run.ray.kill(actor, no_restart=True)
+        except Exception:
+            pass
+    if run.started_here:
+        run.ray.shutdown()
