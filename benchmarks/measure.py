@@ -1,19 +1,8 @@
 """Running one side for a few frames and recording, per frame, where the time went.
 
-Ours (a sam3track predictor): total wall time per yielded frame; each graph's time
-(`backend.seconds`, `backend.calls`); preprocessing (`to_pixel_values`, RGB -> pixel values);
-building results (`build_result`: masks at video resolution, boxes, non-overlap); host <-> device copies
-outside graph runs (`backend.upload` / `to_host` / `copy`) with their bytes (`backend.transfers`); the
-rest is Python outside graphs. Functions are timed by wrapping them for the duration of one run
-(module attributes and instance attributes; restored afterwards), each time counted exclusively of
-the timed calls it makes.
-
-The reference (transformers' Sam3VideoModel): total per frame, split by wrapping its own methods:
-backbone (`detector_model.get_vision_features` + `get_vision_features_for_tracker`), text encoder,
-detector heads (`detector_model.forward`), tracker (`tracker_model.forward`: propagation of every
-object, and new objects), memory encoder (`tracker_model._encode_new_memory`), postprocessing
-(`Sam3VideoProcessor.postprocess_outputs`, the processor's own code: masks at video resolution, what
-a user calls per frame) and the rest (association, heuristics, bookkeeping in Python).
+Ours (a sam3track predictor) and the reference (transformers' Sam3VideoModel) are split by wrapping
+their functions for the duration of one run (restored afterwards), each timed exclusively of the timed
+calls it makes. Which function goes to which part: docs/benchmarks/README.md.
 """
 
 from __future__ import annotations
@@ -122,7 +111,7 @@ def _ms(seconds: float) -> float:
 def run_ours(predictor, frames: np.ndarray, prompts, n_frames: int | None = None) -> list[FrameRecord]:
     """propagate() over `frames` (an RGB array) with every prompt on frame 0; one record per frame."""
     import sam3track.postprocess as post
-    from sam3track.frame_loop import FrameLoop
+    from sam3track.families.sam3.frame_loop import FrameLoop
 
     backend = predictor.backend
     timer = ExclusiveTimer()
@@ -166,7 +155,7 @@ def ours_detection_scores(predictor, frame: np.ndarray, prompts) -> list[float]:
     """Every detection score of one RGB frame over all prompts as ``predictor`` computes them, highest
     first: what its thresholds compare. A variant at lower precision (bf16, int8) scores detections a
     little differently from the reference, so the thresholds that give it N objects come from these."""
-    from sam3track.frame_loop import FrameLoop
+    from sam3track.families.sam3.frame_loop import FrameLoop
 
     found = []
     original = FrameLoop.detect

@@ -57,10 +57,19 @@ def _bytes(n: float) -> str:
 
 
 def markdown(r: dict) -> str:
+    objects = [str(n) for n in r["settings"]["objects"]]
+    lines = _header(r)
+    lines += _time_per_frame(r, objects)
+    lines += _where_time_goes(r, objects)
+    lines += _variants(r, objects)
+    lines += _fidelity(r)
+    lines += _rss(r)
+    return "\n".join(lines) + "\n"
+
+
+def _header(r: dict) -> list[str]:
+    """Title, command, machine, code, model and how the run was made."""
     m, s = r["machine"], r["settings"]
-    objects = [str(n) for n in s["objects"]]
-    summary = r["summary"]
-    ours, ref = summary.get("ort-fp32", {}), summary.get("reference", {})
     lines = [f"# sam3track vs transformers' Sam3VideoModel: `{r['preset']}` preset", ""]
     lines += [f"`{r['command']}`, {r['started']} to {r['finished']}.", ""]
     lines += [f"**Machine:** {m['cpu']}, {m['cores']} cores, {m['ram_gb']:.0f} GB RAM, "
@@ -85,8 +94,13 @@ def markdown(r: dict) -> str:
               "(preprocessing and result building included). Reference: `propagate_in_video_iterator` on ready "
               "pixel values plus its processor's `postprocess_outputs` per frame (masks at video resolution). "
               "\"Model only\" leaves out preprocessing and result building (ours) and postprocessing (reference).", ""]
+    return lines
 
-    lines += ["## Time per frame", ""]
+
+def _time_per_frame(r: dict, objects: list[str]) -> list[str]:
+    """The main table (ours ort-fp32 against the reference), the slopes, count warnings and the plots."""
+    ours, ref = r["summary"].get("ort-fp32", {}), r["summary"].get("reference", {})
+    lines = ["## Time per frame", ""]
     lines += ["| objects | ours (ort-fp32) ms/frame | reference ms/frame | ratio ours/ref | model only: ours / ref ms (ratio) "
               "| frame 0 (births) ours / ref ms | objects tracked per frame, ours / ref | detections per frame 1.., ours / ref |",
               "|---|---|---|---|---|---|---|---|"]
@@ -116,8 +130,13 @@ def markdown(r: dict) -> str:
                 if note.get("warning")]
     lines += warnings + ([""] if warnings else [])
     lines += ["![ms per frame](ms_per_frame.png)", "", "![breakdown](breakdown.png)", ""]
+    return lines
 
-    lines += ["## Where the time goes, ours (ort-fp32): ms per frame", ""]
+
+def _where_time_goes(r: dict, objects: list[str]) -> list[str]:
+    """Per-part tables of ours (ort-fp32) and the reference, and ours' host <-> device traffic."""
+    ours, ref = r["summary"].get("ort-fp32", {}), r["summary"].get("reference", {})
+    lines = ["## Where the time goes, ours (ort-fp32): ms per frame", ""]
     lines += _parts_table(ours, objects)
     lines += ["## Where the time goes, reference: ms per frame", ""]
     lines += ["The tracker row is every `tracker_model` call (propagation of all objects, and new objects); "
@@ -131,8 +150,13 @@ def markdown(r: dict) -> str:
             lines.append(f"| {n} | {t['host_to_device']:.0f}, {_bytes(t['host_to_device_bytes'])} | "
                          f"{t['device_to_host']:.0f}, {_bytes(t['device_to_host_bytes'])} |")
     lines.append("")
+    return lines
 
-    lines += ["## Variants of ours", ""]
+
+def _variants(r: dict, objects: list[str]) -> list[str]:
+    """Every variant's times and ratios to the reference, the warm-up runs, the variants' part tables."""
+    summary, slopes = r["summary"], r["slopes"]
+    lines = ["## Variants of ours", ""]
     lines += ["| variant | status | " + " | ".join(f"{n} obj ms/frame (ratio to ref)" for n in objects)
               + " | ms per extra object (ratio to ref) |", "|---|---|" + "---|" * (len(objects) + 1)]
     ref_slope = slopes.get("reference", {}).get("ms_per_object")
@@ -148,58 +172,69 @@ def markdown(r: dict) -> str:
         status = "measured" if v["available"] else f"unavailable: {v['reason']}"
         lines.append(f"| {name} | {status} | " + " | ".join(cells) + f" | {per} |")
     lines.append("")
-    warm = r.get("warmup") or {}
-    if warm:
-        lines += [f"**Warm-up runs** (one per side and count, before the timed ones, over "
-                  f"{s['warmup_frames']} frames; a variant that compiles per call shape, openvino *-static, "
-                  "compiles there): ms per frame, frame by frame.", "",
-                  "| side | " + " | ".join(f"{n} obj" for n in objects) + " |", "|---|" + "---|" * len(objects)]
-        for name, per_n in warm.items():
-            lines.append(f"| {name} | " + " | ".join(" / ".join(_fmt(x) for x in per_n.get(n, [])) or "-"
-                                                    for n in objects) + " |")
-        lines.append("")
+    lines += _warmup(r, objects)
     for name in r["variants"]:
         if name != "ort-fp32" and summary.get(name):
             lines += [f"### Where the time goes, {name}: ms per frame", ""]
             lines += _parts_table(summary[name], objects)
-    if r["fidelity"]:
-        lines += ["### Fidelity against ort-fp32", "", r["fidelity_method"], "",
-                  "| variant | clip | frames | same ids (fraction of frames) | mask IoU mean | mask IoU min | objects/frame (fp32) |",
-                  "|---|---|---|---|---|---|---|"]
-        for name, per_clip in r["fidelity"].items():
-            if isinstance(per_clip, str):
-                lines.append(f"| {name} | - | - | {per_clip} | | | |")
-                continue
-            for clip, f in per_clip.items():
-                iou = lambda v: "-" if v is None else f"{v:.4f}"  # noqa: E731
-                objs = f["objects_per_frame_fp32"]
-                lines.append(f"| {name} | {clip} | {f['frames']} | {f['same_ids_fraction']:.3f} | {iou(f['iou_mean'])} | "
-                             f"{iou(f['iou_min'])} | {min(objs)}-{max(objs)} |")
-        lines.append("")
-    else:
-        lines += ["No fidelity table: no variant other than ort-fp32 was available.", ""]
+    return lines
 
+
+def _warmup(r: dict, objects: list[str]) -> list[str]:
+    warm = r.get("warmup") or {}
+    if not warm:
+        return []
+    lines = [f"**Warm-up runs** (one per side and count, before the timed ones, over "
+             f"{r['settings']['warmup_frames']} frames; a variant that compiles per call shape, openvino *-static, "
+             "compiles there): ms per frame, frame by frame.", "",
+             "| side | " + " | ".join(f"{n} obj" for n in objects) + " |", "|---|" + "---|" * len(objects)]
+    for name, per_n in warm.items():
+        lines.append(f"| {name} | " + " | ".join(" / ".join(_fmt(x) for x in per_n.get(n, [])) or "-"
+                                                for n in objects) + " |")
+    lines.append("")
+    return lines
+
+
+def _fidelity(r: dict) -> list[str]:
+    if not r["fidelity"]:
+        return ["No fidelity table: no variant other than ort-fp32 was available.", ""]
+    lines = ["### Fidelity against ort-fp32", "", r["fidelity_method"], "",
+             "| variant | clip | frames | same ids (fraction of frames) | mask IoU mean | mask IoU min | objects/frame (fp32) |",
+             "|---|---|---|---|---|---|---|"]
+    for name, per_clip in r["fidelity"].items():
+        if isinstance(per_clip, str):
+            lines.append(f"| {name} | - | - | {per_clip} | | | |")
+            continue
+        for clip, f in per_clip.items():
+            iou = lambda v: "-" if v is None else f"{v:.4f}"  # noqa: E731
+            objs = f["objects_per_frame_fp32"]
+            lines.append(f"| {name} | {clip} | {f['frames']} | {f['same_ids_fraction']:.3f} | {iou(f['iou_mean'])} | "
+                         f"{iou(f['iou_min'])} | {min(objs)}-{max(objs)} |")
+    lines.append("")
+    return lines
+
+
+def _rss(r: dict) -> list[str]:
     rss = r.get("rss")
-    lines += ["## RSS over a long live stream", ""]
+    lines = ["## RSS over a long live stream", ""]
     if not rss:
-        lines += ["Not run (`--rss-frames 0`).", ""]
-    else:
-        lines += [rss["method"], ""]
-        lines += ["| side | frames | after load MB | after frame 1 MB | peak MB | end MB | growth MB per 100 frames "
-                  "(fit after frame 100) | ms/frame first / last block | objects tracked |",
-                  "|---|---|---|---|---|---|---|---|---|"]
-        for side in ("ours", "reference"):
-            e = rss.get(side)
-            if not e:
-                continue
-            if "error" in e:
-                lines.append(f"| {side} | error: {e['error']} | | | | | | | |")
-                continue
-            lines.append(f"| {side} | {e['frames']} | {e['start_mb']:.0f} | {e['after_first_mb']:.0f} | {e['peak_mb']:.0f} | "
-                         f"{e['end_mb']:.0f} | {e['growth_mb_per_100']:+.1f} | {e['ms_first_block']:.0f} / "
-                         f"{e['ms_last_block']:.0f} | {e['tracked']} |")
-        lines.append("")
-    return "\n".join(lines) + "\n"
+        return lines + ["Not run (`--rss-frames 0`).", ""]
+    lines += [rss["method"], ""]
+    lines += ["| side | frames | after load MB | after frame 1 MB | peak MB | end MB | growth MB per 100 frames "
+              "(fit after frame 100) | ms/frame first / last block | objects tracked |",
+              "|---|---|---|---|---|---|---|---|---|"]
+    for side in ("ours", "reference"):
+        e = rss.get(side)
+        if not e:
+            continue
+        if "error" in e:
+            lines.append(f"| {side} | error: {e['error']} | | | | | | | |")
+            continue
+        lines.append(f"| {side} | {e['frames']} | {e['start_mb']:.0f} | {e['after_first_mb']:.0f} | {e['peak_mb']:.0f} | "
+                     f"{e['end_mb']:.0f} | {e['growth_mb_per_100']:+.1f} | {e['ms_first_block']:.0f} / "
+                     f"{e['ms_last_block']:.0f} | {e['tracked']} |")
+    lines.append("")
+    return lines
 
 
 def _parts_table(side: dict, objects: list[str]) -> list[str]:

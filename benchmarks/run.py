@@ -5,24 +5,9 @@ time goes, fast variants and their fidelity, and RSS over a long live stream.
                              [--out DIR] [--variants ort-fp32,openvino-fp32,openvino-bf16,ort-int8]
                              [--rss-frames 1000] [--publish]
 
-Writes results.json (everything, raw per-frame records included), results.md, ms_per_frame.png and
-breakdown.png to --out (a temporary folder when not given); --publish also copies them to
-docs/benchmarks/<preset>/. The seeded bundle of the preset is exported once into --cache (default
-<out>/bundles; keyed by a hash of graphs/*.py, so changed graphs export afresh) and the reference loads
-the seeded checkpoint beside it. Object counts: see count_overrides in benchmarks/measure.py; the
-tracked count of every frame of every run is recorded for both sides and checked against the asked one.
-
-Presets: tiny (the test model), mid (real widths at 504 px: seconds per frame; budget tens of minutes
-at 64 objects on 2 cores), full (the default config at 1008 px: one tracked frame after the births
-frame, at 1, 4 and 16 objects; minutes per frame; its first export takes ~15 minutes, peaks at 11 GB RSS
-and writes 6 GB: checkpoint and bundle). full runs with --low-memory: with both sides' weights and ONNX
-Runtime's arena in one process, 4 objects went past 24 GB RSS here and was killed.
-The RSS stream runs at --rss-preset (default tiny: 1000 mid frames would take hours on a 2-core CPU).
-A tool, not a test: on a shared machine timings are noisy; compare sides within one run. On a machine
-that other jobs load beyond its cores, pass --threads 1: multi-threaded runtimes then lose most of their
-time waiting for descheduled threads (measured here at load 10 on 2 cores: the tiny reference at 2 objects
-took 2-13 s per frame with its default threads and 0.23-0.35 s with one).
-`python -m benchmarks.report OUT` rewrites results.md and the plots from OUT/results.json.
+Writes results.json, results.md, ms_per_frame.png and breakdown.png to --out. Presets, the bundle cache,
+--low-memory, --threads and the measurements behind them: docs/benchmarks/README.md; the latest numbers:
+docs/speed.md. `python -m benchmarks.report OUT` rewrites results.md and the plots from OUT/results.json.
 """
 
 from __future__ import annotations
@@ -145,7 +130,7 @@ def clip_frames(clip: Path, start: int, count: int) -> np.ndarray:
 def bundle_config(bundle: Path):
     """The bundle's preprocessing config and tokenizer, without loading a graph."""
     from sam3track.bundle import Bundle
-    from sam3track.config import TrackerConfig
+    from sam3track.families.sam3.config import TrackerConfig
     from sam3track.tokenizer import PromptTokenizer
 
     b = Bundle.open(Path(bundle))
@@ -220,9 +205,30 @@ def time_counts(args, preset, bundles, results, save, log) -> None:
     pixels = ref.pixels(frames, config)
     scores = ref.detection_scores(pixels[0], args.prompts, tokenizer)
     results["first_frame_scores"] = [round(s, 6) for s in scores]
+    own_scores = _variant_scores(args, bundles, frames, results)
+    for n in args.objects:
+        key = str(n)
+        overrides, note = count_overrides(scores, n)
+        results["count_notes"][key] = note
+        results["overrides"][key] = {"both": overrides, "ours_only": {**OURS_FIXED, "pool_objects": max(64, n)}}
+        log(f"[{n} objects] thresholds {overrides['score_threshold_detection']:.6f} (load {_load()})")
+        ref.configure(overrides)
+        variant_overrides = _variant_overrides(args, n, overrides, own_scores, results)
+        raw = _time_count(args, bundles, frames, key, variant_overrides, ref, (pixels, h, w, tokenizer), results, log)
+        for side, reps in raw.items():
+            results["summary"].setdefault(side, {})[key] = side_summary(reps, n, ours=side != "reference")
+            results["runs"].setdefault(side, {})[key] = [_records(r) for r in reps]
+        results["load_after"][key] = _load()
+        finish(results)
+        save()
+    del ref
+
+
+def _variant_scores(args, bundles, frames, results) -> dict:
+    """First-frame detection scores of each fast variant, by name. A variant at another precision scores
+    detections a little differently: its thresholds come from its own first-frame scores, so that it too
+    tracks N objects (ort-fp32 shares the reference's: they match)."""
     variants = results["variants"]
-    # A variant at another precision scores detections a little differently: its thresholds come from its
-    # own first-frame scores, so that it too tracks N objects (ort-fp32 shares the reference's: they match).
     own_scores = {}
     for name in args.variants:
         if name == "ort-fp32" or not variants[name]["available"]:
@@ -237,87 +243,101 @@ def time_counts(args, preset, bundles, results, save, log) -> None:
         finally:
             predictor.close()
         results.setdefault("variant_first_frame_scores", {})[name] = [round(s, 6) for s in own_scores[name][:80]]
-    for n in args.objects:
-        key = str(n)
-        overrides, note = count_overrides(scores, n)
-        results["count_notes"][key] = note
-        results["overrides"][key] = {"both": overrides, "ours_only": {**OURS_FIXED, "pool_objects": max(64, n)}}
-        log(f"[{n} objects] thresholds {overrides['score_threshold_detection']:.6f} (load {_load()})")
-        ref.configure(overrides)
-        variant_overrides = {}
-        for name in args.variants:
-            mine = overrides
-            if name in own_scores:
-                mine, mine_note = count_overrides(own_scores[name], n)
-                results["overrides"][key][name] = mine
-                results.setdefault("variant_count_notes", {}).setdefault(key, {})[name] = mine_note
-            variant_overrides[name] = {**mine, **OURS_FIXED, "pool_objects": max(64, n)}
-        predictors = {}  # loaded once per count; with --low-memory, loaded for each run and closed after it
+    return own_scores
 
-        def ours(name, n_frames=None):
-            if not args.low_memory:
-                return run_ours(predictors[name], frames, args.prompts, n_frames=n_frames)
-            predictor = load_variant(name, bundles, variant_overrides[name], args.threads)
-            try:  # a fresh predictor: its own warm-up first, as the reference's model stays warm
-                warm = run_ours(predictor, frames, args.prompts, n_frames=args.warmup_frames)
-                results["warmup"].setdefault(name, {}).setdefault(key, [r.ms for r in warm])  # the first one
-                return run_ours(predictor, frames, args.prompts, n_frames=n_frames)
-            finally:
-                predictor.close()
 
-        for name in args.variants:
-            if not variants[name]["available"]:
-                continue
-            try:
-                predictors[name] = None if args.low_memory else load_variant(name, bundles, variant_overrides[name],
-                                                                             args.threads)
-            except Unavailable as exc:
-                variants[name].update(available=False, reason=str(exc))
-                log(f"  {name}: unavailable: {exc}")
-        raw = {name: [] for name in predictors}
-        raw["reference"] = []
-        # warm-up (not reported): first calls at new shapes pay for allocations and kernel selection
-        for name in [] if args.low_memory else list(predictors):  # (--low-memory: inside each run)
-            try:
-                warm = ours(name, n_frames=args.warmup_frames)
-                results["warmup"].setdefault(name, {})[key] = [r.ms for r in warm]
-            except Exception as exc:
-                variants[name].update(available=False, reason=f"failed to run: {type(exc).__name__}: {exc}")
-                log(f"  {name}: failed to run: {exc}")
-                failed = predictors.pop(name)
-                if failed is not None:
-                    failed.close()
-                raw.pop(name)
-        warm = ref.run(pixels, h, w, args.prompts, tokenizer, n_frames=args.warmup_frames)
-        results["warmup"].setdefault("reference", {})[key] = [r.ms for r in warm]
-        order = ["ort-fp32", "reference"] + [v for v in predictors if v != "ort-fp32"]
-        order = [s for s in order if s == "reference" or s in predictors]
-        for rep in range(args.reps):
-            for side in order:
-                if side == "reference":
-                    records = ref.run(pixels, h, w, args.prompts, tokenizer)
-                else:
-                    try:
-                        records = ours(side)
-                    except Exception as exc:
-                        variants[side].update(available=False, reason=f"failed to run: {type(exc).__name__}: {exc}")
-                        log(f"  {side}: failed to run: {exc}")
-                        order.remove(side)
-                        raw.pop(side)
-                        continue
-                raw[side].append(records)
-                s = summarize(records)
-                log(f"  rep {rep + 1}/{args.reps} {side:<14} {s['ms']:9.1f} ms/frame  tracked {s['tracked']}")
-        for predictor in predictors.values():
-            if predictor is not None:
-                predictor.close()
-        for side, reps in raw.items():
-            results["summary"].setdefault(side, {})[key] = side_summary(reps, n, ours=side != "reference")
-            results["runs"].setdefault(side, {})[key] = [_records(r) for r in reps]
-        results["load_after"][key] = _load()
-        finish(results)
-        save()
-    del ref
+def _variant_overrides(args, n: int, overrides: dict, own_scores: dict, results: dict) -> dict:
+    """Each variant's load() overrides at n objects: the shared count settings (or its own, from its own
+    scores) plus the fixed ones of our side."""
+    key = str(n)
+    variant_overrides = {}
+    for name in args.variants:
+        mine = overrides
+        if name in own_scores:
+            mine, mine_note = count_overrides(own_scores[name], n)
+            results["overrides"][key][name] = mine
+            results.setdefault("variant_count_notes", {}).setdefault(key, {})[name] = mine_note
+        variant_overrides[name] = {**mine, **OURS_FIXED, "pool_objects": max(64, n)}
+    return variant_overrides
+
+
+def _time_count(args, bundles, frames, key, variant_overrides, ref, inputs, results, log) -> dict:
+    """One object count: our variants loaded, warmed up and timed interleaved with the reference; the
+    records of every repetition, by side."""
+    variants = results["variants"]
+    pixels, h, w, tokenizer = inputs
+    predictors = {}  # loaded once per count; with --low-memory, loaded for each run and closed after it
+
+    def ours(name, n_frames=None):
+        if not args.low_memory:
+            return run_ours(predictors[name], frames, args.prompts, n_frames=n_frames)
+        predictor = load_variant(name, bundles, variant_overrides[name], args.threads)
+        try:  # a fresh predictor: its own warm-up first, as the reference's model stays warm
+            warm = run_ours(predictor, frames, args.prompts, n_frames=args.warmup_frames)
+            results["warmup"].setdefault(name, {}).setdefault(key, [r.ms for r in warm])  # the first one
+            return run_ours(predictor, frames, args.prompts, n_frames=n_frames)
+        finally:
+            predictor.close()
+
+    for name in args.variants:
+        if not variants[name]["available"]:
+            continue
+        try:
+            predictors[name] = None if args.low_memory else load_variant(name, bundles, variant_overrides[name],
+                                                                         args.threads)
+        except Unavailable as exc:
+            variants[name].update(available=False, reason=str(exc))
+            log(f"  {name}: unavailable: {exc}")
+    raw = {name: [] for name in predictors}
+    raw["reference"] = []
+    _warm_up(args, ours, predictors, raw, key, results, log)
+    warm = ref.run(pixels, h, w, args.prompts, tokenizer, n_frames=args.warmup_frames)
+    results["warmup"].setdefault("reference", {})[key] = [r.ms for r in warm]
+    order = ["ort-fp32", "reference"] + [v for v in predictors if v != "ort-fp32"]
+    order = [s for s in order if s == "reference" or s in predictors]
+    _interleaved_reps(args, order, ours, ref, inputs, raw, variants, log)
+    for predictor in predictors.values():
+        if predictor is not None:
+            predictor.close()
+    return raw
+
+
+def _warm_up(args, ours, predictors, raw, key, results, log) -> None:
+    """Warm-up (not reported): first calls at new shapes pay for allocations and kernel selection. A
+    variant that fails here is marked unavailable and dropped."""
+    variants = results["variants"]
+    for name in [] if args.low_memory else list(predictors):  # (--low-memory: inside each run)
+        try:
+            warm = ours(name, n_frames=args.warmup_frames)
+            results["warmup"].setdefault(name, {})[key] = [r.ms for r in warm]
+        except Exception as exc:
+            variants[name].update(available=False, reason=f"failed to run: {type(exc).__name__}: {exc}")
+            log(f"  {name}: failed to run: {exc}")
+            failed = predictors.pop(name)
+            if failed is not None:
+                failed.close()
+            raw.pop(name)
+
+
+def _interleaved_reps(args, order, ours, ref, inputs, raw, variants, log) -> None:
+    """args.reps repetitions of every side in order, interleaved; a variant that fails is dropped."""
+    pixels, h, w, tokenizer = inputs
+    for rep in range(args.reps):
+        for side in order:
+            if side == "reference":
+                records = ref.run(pixels, h, w, args.prompts, tokenizer)
+            else:
+                try:
+                    records = ours(side)
+                except Exception as exc:
+                    variants[side].update(available=False, reason=f"failed to run: {type(exc).__name__}: {exc}")
+                    log(f"  {side}: failed to run: {exc}")
+                    order.remove(side)
+                    raw.pop(side)
+                    continue
+            raw[side].append(records)
+            s = summarize(records)
+            log(f"  rep {rep + 1}/{args.reps} {side:<14} {s['ms']:9.1f} ms/frame  tracked {s['tracked']}")
 
 
 def fidelity_stage(args, preset, bundles, results, save, log) -> None:
@@ -448,6 +468,40 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _main(argv: list[str] | None) -> int:
+    args = _arguments(argv)
+
+    def log(msg: str) -> None:
+        print(msg, flush=True)
+
+    results = _new_results(args, argv)
+
+    def save() -> None:
+        results["machine"]["load_end"] = _load()
+        (args.out / "results.json").write_text(json.dumps(results, indent=1, default=str))
+
+    log(f"output: {args.out}")
+    preset = PRESETS[args.preset]
+    bundles = _bundles(args, results, log)
+    save()
+    time_counts(args, preset, bundles, results, save, log)
+    fidelity_stage(args, preset, bundles, results, save, log)
+    if args.rss_frames > 0:
+        rss_stage(args, bundles, results, save, log)
+    results["finished"] = time.strftime("%Y-%m-%d %H:%M")
+    finish(results)
+    save()
+    write_reports(results, args.out)
+    if args.publish:
+        dest = REPO / "docs" / "benchmarks" / args.preset
+        dest.mkdir(parents=True, exist_ok=True)
+        for name in ("results.md", "results.json", "ms_per_frame.png", "breakdown.png"):
+            shutil.copy2(args.out / name, dest / name)
+        log(f"published to {dest}")
+    log(f"wrote {args.out / 'results.md'}")
+    return 0
+
+
+def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m benchmarks.run", description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter,
                                  epilog="\n\n".join(__doc__.split("\n\n")[2:]))
@@ -481,8 +535,13 @@ def _main(argv: list[str] | None) -> int:
                     help="load our predictor for each run and close it before the reference runs, so the two never "
                          "hold their weights and buffers at once (default for --preset full)")
     ap.add_argument("--publish", action="store_true", help="also copy the outputs to docs/benchmarks/<preset>/")
-    args = ap.parse_args(argv)
+    return ap
 
+
+def _arguments(argv: list[str] | None) -> argparse.Namespace:
+    """The parsed command line with the preset's defaults filled in and the paths made absolute."""
+    ap = _parser()
+    args = ap.parse_args(argv)
     preset = PRESETS[args.preset]
     args.objects = [int(n) for n in args.objects.split(",")] if args.objects else list(preset.objects)
     args.frames = args.frames or preset.frames
@@ -499,11 +558,12 @@ def _main(argv: list[str] | None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     args.cache = (args.cache or args.out / "bundles").absolute()
     args.clip = args.clip.absolute()
+    return args
 
-    def log(msg: str) -> None:
-        print(msg, flush=True)
 
-    results = {
+def _new_results(args, argv: list[str] | None) -> dict:
+    """results.json before anything is measured: the command, machine, code and settings."""
+    return {
         "tool": "benchmarks.run", "command": "python -m benchmarks.run " + " ".join(sys.argv[1:] if argv is None else argv),
         "started": time.strftime("%Y-%m-%d %H:%M"), "finished": None, "preset": args.preset,
         "machine": machine_info(), "code": code_info(), "model": "", "bundles": {},
@@ -521,11 +581,10 @@ def _main(argv: list[str] | None) -> int:
         "fidelity": {}, "fidelity_method": "", "rss": None, "warmup": {},
     }
 
-    def save() -> None:
-        results["machine"]["load_end"] = _load()
-        (args.out / "results.json").write_text(json.dumps(results, indent=1, default=str))
 
-    log(f"output: {args.out}")
+def _bundles(args, results: dict, log) -> dict:
+    """The fp32 bundle (given or exported) and, with ort-int8, the int8 one or why not; the model described
+    and every variant's backend tried once, so a missing one fails fast, before minutes of timing."""
     if args.bundle:
         source = (args.source or args.bundle / "source").absolute()
         bundles: dict[str, BundleInfo | str] = {"fp32": BundleInfo(args.preset, "fp32", args.bundle.absolute(), source, None)}
@@ -549,23 +608,7 @@ def _main(argv: list[str] | None) -> int:
             except Unavailable as exc:
                 results["variants"][name].update(available=False, reason=str(exc))
                 log(f"{name}: unavailable: {exc}")
-    save()
-    time_counts(args, preset, bundles, results, save, log)
-    fidelity_stage(args, preset, bundles, results, save, log)
-    if args.rss_frames > 0:
-        rss_stage(args, bundles, results, save, log)
-    results["finished"] = time.strftime("%Y-%m-%d %H:%M")
-    finish(results)
-    save()
-    write_reports(results, args.out)
-    if args.publish:
-        dest = REPO / "docs" / "benchmarks" / args.preset
-        dest.mkdir(parents=True, exist_ok=True)
-        for name in ("results.md", "results.json", "ms_per_frame.png", "breakdown.png"):
-            shutil.copy2(args.out / name, dest / name)
-        log(f"published to {dest}")
-    log(f"wrote {args.out / 'results.md'}")
-    return 0
+    return bundles
 
 
 def write_reports(results: dict, out: Path) -> None:

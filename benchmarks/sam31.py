@@ -3,24 +3,9 @@
     python -m benchmarks.sam31 [--objects 1,16,64,128] [--frames 4] [--reps 2] [--threads 2]
         [--out DIR] [--cache DIR] [--no-meta]
 
-Three sides on the same frames of one clip and the same text prompt, at each object count N:
-- ``ours 3.1``: the seeded small SAM 3.1 checkpoint of the reference harness (``graphs.export --family
-  sam3.1 --tiny``), objects in buckets of 16, one propagation call per frame for all buckets;
-- ``ours 3.0``: SAM 3 at the same small config (``graphs.export --preset small``: 224 px, ViT 256 x 2,
-  text 2 layers, DETR 2 + 2, the real tracker widths), one propagation call for all objects;
-- ``Meta 3.1``: Meta's predictor in its reference environment (reference/sam31/time_predictor.py, one
-  subprocess per repetition, so repetitions interleave with ours: ours 3.1, ours 3.0, Meta, ...).
-
-Object counts are set the same way on every side: the cap ``max_num_objects`` = N, both detection
-thresholds halfway between the N-th and (N+1)-th detection score of frame 0 (each side's own scores),
-hotstart off (``hotstart_delay`` 0), mask NMS off; on the SAM 3.1 sides masklet confirmation off (with
-random weights Meta never confirms a masklet and hides every propagated frame). The two models have
-different random weights: what is compared is the cost of N tracked objects, not the masks.
-
-Per frame: the mean over every frame of ``propagate`` (objects are born by add_prompt on frame 0, timed
-apart). Meta's predictor and our SAM 3.1 session ground frames in batches before tracking them, so the
-first yield carries the batch's detector time: only the mean per frame is comparable. Medians over
-repetitions [min-max]. Writes results.json and results.md to --out.
+Three sides (ours 3.1, ours 3.0, Meta 3.1) on the same frames and text prompt at each object count N,
+repetitions interleaved; writes results.json and results.md to --out. The sides, how the counts are set
+and what is timed: docs/benchmarks/README.md; the latest numbers: *SAM 3.1 vs SAM 3* in docs/speed.md.
 """
 
 from __future__ import annotations

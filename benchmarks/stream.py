@@ -50,7 +50,7 @@ def run(spec: dict) -> dict:
     n, every, side = spec["frames"], spec["every"], spec["side"]
     if side == "reference":  # the bundle's preprocessing and tokenizer only: no graph loaded in this process
         from sam3track.bundle import Bundle
-        from sam3track.config import TrackerConfig
+        from sam3track.families.sam3.config import TrackerConfig
         from sam3track.tokenizer import PromptTokenizer
 
         from .measure import Reference

@@ -25,7 +25,7 @@ def max_pointer_conditioning_frames() -> int:
     """Conditioning frames whose pointers one object attends to at most: the runtime's cap."""
     import dataclasses
 
-    from sam3track.config import TrackerConfig
+    from sam3track.families.sam3.config import TrackerConfig
 
     return next(f.default for f in dataclasses.fields(TrackerConfig) if f.name == "max_conditioning_frames")
 

@@ -1,7 +1,7 @@
 """The exported graphs: thin torch wrappers around transformers' SAM 3 video modules.
 
 Each wrapper takes and returns plain tensors, so that ``torch.onnx.export`` sees a fixed signature.
-Boundaries follow the predictor that calls them (see ``sam3track/frame_loop.py``):
+Boundaries follow the predictor that calls them (see ``sam3track/families/sam3/frame_loop.py``):
 
 - ``text_encoder``: once per distinct prompt.
 - ``backbone``: once per frame; one ViT trunk, one neck per consumer (detector, tracker); the 0.5x level

@@ -25,7 +25,7 @@ def default_capacities(manifest: dict) -> dict[str, int]:
     """Fixed sizes of the propagation_decoder's pool axes, derived from the source manifest's tracker config.
 
     The runtime pads to these same numbers when it drives an OM bundle, so there is one definition:
-    sam3track.config.TrackerConfig.capacities(), with the bundle's own config and default settings.
+    sam3track.families.sam3.config.TrackerConfig.capacities(), with the bundle's own config and default settings.
     With those defaults (max_conditioning_frames 16, pool_objects 64) it gives
 
     - memories K = max_cond_frame_num + num_maskmem - 1: the selected conditioning frames plus the
@@ -37,7 +37,7 @@ def default_capacities(manifest: dict) -> dict[str, int]:
     Returns {"memories": K, "pointers": P, "memory_rows": ..., "pointer_rows": ...}. A session configured
     with other max_conditioning_frames / pool_objects needs a bundle converted with matching --gears.
     """
-    from sam3track.config import TrackerConfig
+    from sam3track.families.sam3.config import TrackerConfig
 
     return TrackerConfig.from_manifest(manifest).capacities()
 
@@ -53,7 +53,7 @@ def default_gears(manifest: dict) -> dict[str, tuple[int, ...]]:
     if family(manifest) == sam31.FAMILY:
         return sam31.default_gears(manifest, DEFAULT_GEARS)
     from sam3track.call_sizes import default_gears as with_capacities
-    from sam3track.config import TrackerConfig
+    from sam3track.families.sam3.config import TrackerConfig
 
     return with_capacities(TrackerConfig.from_manifest(manifest))
 

@@ -1,11 +1,14 @@
 """sam3track: SAM 3 video tracking from exported graphs, without PyTorch at run time."""
 
+from . import moved as _moved
 from .errors import (ArgumentError, BackendError, BundleError, CapacityError, FrameIndexError, ObjectIdError,
                      PromptError, Sam3TrackError, SessionBusyError, SessionClosedError, VideoError)
 from .results import FrameResult
 from .tracking_session import TrackingSession
 
 __version__ = "0.1.0"
+
+_moved.install()  # old paths of modules that moved into families/sam3 (sam3track/moved.py)
 
 
 def load(bundle_dir, backend: str = "onnxruntime", device: str = "cpu", **options):

@@ -11,9 +11,9 @@ import numpy as np
 from .backends import create_backend
 from .bundle import Bundle
 from .call_sizes import default_gears
-from .config import TrackerConfig
+from .families.sam3.config import TrackerConfig
 from .errors import BundleError, SessionClosedError, VideoError
-from .session import Session, check_frame_size
+from .session_base import check_frame_size
 from .tracking_session import TrackingSession
 from .tokenizer import PromptTokenizer
 
@@ -32,7 +32,7 @@ class Predictor:
             self.graphs.clear()
             backend.close()
             raise
-        self._sessions: weakref.WeakSet[Session] = weakref.WeakSet()
+        self._sessions: weakref.WeakSet[TrackingSession] = weakref.WeakSet()
         self.closed = False
 
     @classmethod

@@ -1,6 +1,6 @@
 """The one session type a caller needs: what ``predictor.start_session`` returns for either family.
 
-SAM 3's :class:`sam3track.session.Session` and SAM 3.1's
+SAM 3's :class:`sam3track.families.sam3.session.Sam3Session` and SAM 3.1's
 :class:`sam3track.families.sam31.session.Sam31Session` both satisfy :class:`TrackingSession`; the
 CLI, the request API (compat.py), batch, sinks and notebooks use only what it names. Where the
 families read a prompt differently, the session says so in data (``box_prompts``), never by type.

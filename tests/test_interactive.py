@@ -226,7 +226,7 @@ def test_a_series_of_clicks_on_one_frame_runs_the_backbone_once(predictor, frame
 
 
 def test_frame_spans_hold_exactly_the_frames_added():
-    from sam3track.objects import FrameSpans
+    from sam3track.families.sam3.objects import FrameSpans
 
     rng = np.random.default_rng(0)
     for _ in range(50):

@@ -7,6 +7,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[1]
 PACKAGES = ("sam3track", "graphs", "om")
 
@@ -121,11 +123,11 @@ def test_both_families_sessions_are_tracking_sessions():
 
     from sam3track import TrackingSession
     from sam3track.families.sam31.session import Sam31Session
-    from sam3track.session import Session
+    from sam3track.families.sam3.session import Sam3Session
 
     members = [n for n in vars(TrackingSession) if not n.startswith("_") or n in ("__enter__", "__exit__")]
     members += list(TrackingSession.__annotations__)
-    for cls in (Session, Sam31Session):
+    for cls in (Sam3Session, Sam31Session):
         for name in members:
             assert hasattr(cls, name), f"{cls.__name__} has no {name}"
             wanted = getattr(TrackingSession, name, None)
@@ -134,3 +136,50 @@ def test_both_families_sessions_are_tracking_sessions():
                 missing = [p for p in inspect.signature(wanted).parameters if p not in have and p not in ("exc",)]
                 assert not missing, f"{cls.__name__}.{name} lacks {missing}"
         assert cls.box_prompts in ("tracker", "detector")
+
+
+def test_each_family_lives_in_its_own_package():
+    """SAM 3 and SAM 3.1 side by side over the core: the family registry hands out sessions and configs
+    from families/<name>/, and no family module imports the other family."""
+    from sam3track.families import FAMILIES
+
+    for name, make in FAMILIES.items():
+        family = make()
+        package = "sam3track.families." + name.replace(".", "")
+        assert family.session_class().__module__.startswith(package), name
+        assert family.config_from_manifest.__self__.__module__.startswith(package), name
+    graph = import_graph()
+    for own, other in (("sam3track.families.sam3.", "sam3track.families.sam31"),
+                       ("sam3track.families.sam31.", "sam3track.families.sam3.")):
+        crossing = {m: sorted(d for d in graph[m] if d.startswith(other)) for m in graph if m.startswith(own)}
+        assert not {m: d for m, d in crossing.items() if d}, crossing
+
+
+@pytest.mark.parametrize("old, new, name", [
+    ("sam3track.session", "sam3track.families.sam3.session", "Session"),
+    ("sam3track.frame_loop", "sam3track.families.sam3.frame_loop", "FrameLoop"),
+    ("sam3track.planning", "sam3track.families.sam3.planning", "plan_frame"),
+    ("sam3track.interactive", "sam3track.families.sam3.clicks", "parse_clicks"),
+])
+def test_moved_modules_keep_their_old_path_with_a_warning(old, new, name):
+    import importlib
+    import sys
+
+    sys.modules.pop(old, None)
+    with pytest.warns(DeprecationWarning, match=f"{old} moved to {new}"):
+        module = importlib.import_module(old)
+    assert getattr(module, name) is getattr(importlib.import_module(new), name)
+
+
+@pytest.mark.parametrize("module, name, new", [
+    ("sam3track.memory_bank", "MemoryBank", "sam3track.families.sam3.memory"),
+    ("sam3track.config", "TrackerConfig", "sam3track.families.sam3.config"),
+])
+def test_moved_names_keep_their_old_path_with_a_warning(module, name, new):
+    import importlib
+
+    with pytest.warns(DeprecationWarning, match=f"{module}.{name} moved"):
+        value = getattr(importlib.import_module(module), name)
+    assert value is getattr(importlib.import_module(new), name)
+    with pytest.raises(AttributeError):
+        getattr(importlib.import_module(module), "no_such_name")

@@ -9,7 +9,8 @@ import pytest
 
 import sam3track
 from sam3track.backends.onnxruntime import OnnxRuntimeBackend
-from sam3track.memory_bank import ZERO_ROW, DevicePool, MemoryBank, MemoryEntry
+from sam3track.families.sam3.memory import MemoryBank, MemoryEntry
+from sam3track.memory_bank import ZERO_ROW, DevicePool
 from sam3track.video import open_video
 
 from .conftest import CLIPS

@@ -60,6 +60,6 @@ def test_a_family_must_implement_every_phase():
 
 def test_both_families_frames_are_frame_phases():
     from sam3track.families.sam31.tracker import Sam31Frame
-    from sam3track.frame_loop import Sam3Frame
+    from sam3track.families.sam3.frame_loop import Sam3Frame
 
     assert issubclass(Sam3Frame, FramePhases) and issubclass(Sam31Frame, FramePhases)

@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 
 import sam3track
-from sam3track.config import TrackerConfig
-from sam3track.objects import ALWAYS_OCCLUDED, ObjectRegistry, TrackedObject
-from sam3track.planning import Detections, plan_frame
+from sam3track.families.sam3.config import TrackerConfig
+from sam3track.families.sam3.objects import ALWAYS_OCCLUDED, ObjectRegistry, TrackedObject
+from sam3track.families.sam3.planning import Detections, plan_frame
 
 L = 16
 
@@ -72,7 +72,7 @@ def test_objects_unseen_for_the_limit_are_retired_and_only_then(config):
 def test_an_object_removed_on_its_first_planned_frame_gives_way_even_hours_into_a_stream(config):
     """The reference's 'always occluded' (100000) stops meaning 'after any frame' after 55 minutes at
     30 fps; then the older object would give way to the removed one instead."""
-    from sam3track.planning import NO_OBJ_LOGIT, ObjectUpdate, _suppress_by_recent_occlusion
+    from sam3track.families.sam3.planning import NO_OBJ_LOGIT, ObjectUpdate, _suppress_by_recent_occlusion
 
     late = 30 * 60 * 60 * 10  # ten hours in
     reg = _registry(TrackedObject(0, prompt=0, first_frame=0, score=0.9, keep_alive=30, last_visible=late,

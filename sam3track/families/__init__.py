@@ -27,12 +27,12 @@ class Family:
 
 
 def _sam3() -> Family:
-    from ..config import TrackerConfig
     from . import sam3
+    from .sam3.config import TrackerConfig
 
     def session():
-        from ..session import Session
-        return Session
+        from .sam3.session import Sam3Session
+        return Sam3Session
 
     return Family(SAM3, sam3.REQUIRED_GRAPHS, sam3.REQUIRED_KEYS, TrackerConfig.from_manifest, session, True)
 

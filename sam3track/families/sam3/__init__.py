@@ -1,6 +1,9 @@
-"""The SAM 3 family (transformers' Sam3VideoModel): what its bundles hold.
+"""The SAM 3 family (transformers' Sam3VideoModel) over the shared core.
 
-Its predictor (session, frame loop, planning) still lives at the package root; issue 27 moves it here.
+session.py (Sam3Session), frame_loop.py (its phases of a frame), planning.py (its heuristics, decisions
+only), association.py (matching detections to tracks), objects.py (its object registry), memory.py (its
+memory bank over the core's device pools), text_prompts.py, clicks.py, config.py (TrackerConfig); below,
+what its bundles must hold.
 """
 
 # the graphs a SAM 3 bundle must have (graphs/export.py writes them)

@@ -1,6 +1,6 @@
 """SAM 3.1's detection filtering, association and hotstart rules (Meta's Sam3MultiplexBase), on host arrays.
 
-Where they differ from SAM 3 (sam3track/association.py, planning.py):
+Where they differ from SAM 3 (sam3track/families/sam3/association.py, planning.py):
 - NMS and association measure overlap as IoM (intersection over the smaller mask), not IoU;
 - detections whose box centre lies within 2.5% of the image border are dropped;
 - hotstart is Meta's position-indexed "GPU" variant: keep-alive moves +-1 for every track (empty masks

@@ -29,14 +29,14 @@ from __future__ import annotations
 
 import numpy as np
 
-from ...errors import (ArgumentError, FrameIndexError, ObjectIdError, PromptError, SessionBusyError,
-                       SessionClosedError, VideoError, is_whole_number, shown)
+from ...errors import ObjectIdError, PromptError, VideoError, is_whole_number, shown
 from ...postprocess import masks_to_boxes
+from ...prompts import parse_clicks
 from ...results import FrameResult
+from ...session_base import SessionBase, check_direction, check_max_frames, check_stream_frame, clicked_object_id
 from .resize import bilinear
 from .tracker import BoxPrompt, FrameOut, Sam31Tracker
 
-DIRECTIONS = ("forward", "backward", "both")
 # What Meta's SAM 3.1 encodes as the text of a boxes-only add_prompt (reset_state's find_text_batch[0])
 BOXES_ONLY_TEXT = "<text placeholder>"
 
@@ -67,12 +67,74 @@ def objectwise_non_overlap(masks: np.ndarray, probs: np.ndarray) -> np.ndarray:
     return masks & keep & (value > 0)
 
 
+def box_prompt_of(predictor, frame: int, boxes, box_labels, height: int, width: int) -> BoxPrompt:
+    """Boxes in video pixels -> Meta's normalised cxcywh (xywh first, as its request carries them)."""
+    where = f"add_prompt on frame {frame}"
+    if "box_grounding_head" not in predictor.graphs:
+        raise PromptError(f"{where}: this bundle has no box_grounding_head graph (it was exported before box "
+                          "prompts were supported); export it again with python -m graphs.export --family sam3.1")
+    try:
+        xyxy = np.asarray(boxes, np.float64)
+    except (TypeError, ValueError):
+        xyxy = None
+    if xyxy is None or xyxy.ndim not in (1, 2) or xyxy.shape[-1] != 4 or xyxy.size == 0:
+        raise PromptError(f"{where}: boxes must be [[x0, y0, x1, y1], ...] in video pixels, not {shown(boxes)}")
+    xyxy = xyxy.reshape(-1, 4)
+    h, w = height, width
+    if not np.isfinite(xyxy).all():
+        raise PromptError(f"{where}: boxes {shown(boxes)} are not all finite numbers")
+    bad = np.flatnonzero((xyxy[:, 2] < xyxy[:, 0]) | (xyxy[:, 3] < xyxy[:, 1]))
+    if bad.size:
+        raise PromptError(f"{where}: box {xyxy[bad[0]].tolist()} has x1 < x0 or y1 < y0; give [x0, y0, x1, y1]")
+    out = np.flatnonzero((xyxy < 0).any(1) | (xyxy[:, [0, 2]] > w).any(1) | (xyxy[:, [1, 3]] > h).any(1))
+    if out.size:
+        raise PromptError(f"{where}: box {xyxy[out[0]].tolist()} reaches outside the {w}x{h} frame")
+    if box_labels is None:
+        labels = np.ones(len(xyxy), np.int32)
+    else:
+        flat = np.asarray(box_labels).reshape(-1)
+        if flat.shape[0] != len(xyxy) or not np.isin(flat, (0, 1)).all():
+            raise PromptError(f"{where}: box_labels {shown(box_labels)} must give 1 (positive) or 0 (negative) "
+                              f"for each of the {len(xyxy)} boxes")
+        labels = flat.astype(np.int32)
+    scale = np.asarray([w, h, w, h], np.float64)
+    xywh = (np.concatenate([xyxy[:, :2], xyxy[:, 2:] - xyxy[:, :2]], 1) / scale).astype(np.float32)
+    half = np.float32(0.5)
+    cxcywh = np.concatenate([xywh[:, :2] + half * xywh[:, 2:], xywh[:, 2:]], 1).astype(np.float32)
+    return BoxPrompt(np.clip(cxcywh, np.float32(0), np.float32(1)), labels)
+
+
+def propagation_type(history: list[dict], num_frames: int) -> tuple[str, list[int] | None]:
+    """Meta's _parse_action_history_for_propagation: ("propagation_full" | "propagation_partial" |
+    "propagation_fetch", the objects a partial propagation tracks)."""
+    h = history
+    if not h:
+        return "propagation_full", None
+    last = h[-1]
+    if "propagation" in last["type"]:
+        if last["type"] == "propagation_fetch":
+            return "propagation_fetch", None
+        if (len(h) > 1 and h[-2]["type"] in ("propagation_partial", "propagation_full")) or \
+                last["frame_idx"] in (0, num_frames - 1):
+            return "propagation_fetch", None
+        return last["type"], last.get("obj_ids")
+    obj_ids = []
+    for action in reversed(h):
+        if "propagation" in action["type"]:
+            break
+        if action["type"] in ("add", "refine"):
+            obj_ids.extend(action["obj_ids"])
+    if obj_ids:
+        return "propagation_partial", sorted(set(obj_ids))
+    return "propagation_fetch", None  # only removals since the last propagation
+
+
 # A live stream has no length. Meta's pointer window is min(num_frames, 16) frames: a stream tracks as a
 # video of 16 frames or more does.
 STREAM_FRAMES = 2 ** 31 - 1
 
 
-class Sam31Session:
+class Sam31Session(SessionBase):
     box_prompts = "detector"  # boxes are detector exemplars (Meta's SAM 3.1), not tracker objects (compat.py)
 
     def __init__(self, predictor, source=None, owns_source: bool = False):
@@ -94,12 +156,6 @@ class Sam31Session:
         self.closed = False
 
     # ------------------------------------------------------------------------------ lifecycle
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-
     def close(self) -> None:
         if self.closed:
             return
@@ -108,17 +164,6 @@ class Sam31Session:
             self.tracker.close()
         if self._owns_source:
             self.source.close()
-
-    def _check_open(self) -> None:
-        if self.predictor.closed:
-            raise SessionClosedError("the predictor of this session was closed; load the bundle again")
-        if self.closed:
-            raise SessionClosedError("this session is closed; start a new one with predictor.start_session()")
-
-    def _check_idle(self, what: str) -> None:
-        if self._running is not None:
-            raise SessionBusyError(f"{what} while a propagate() of this session is still running; iterate it to "
-                                   "the end or call .close() on it first")
 
     @property
     def num_frames(self) -> int:
@@ -166,11 +211,6 @@ class Sam31Session:
         raise PromptError("run_frame() is not available for SAM 3.1 bundles: a text add_prompt already runs its "
                           "frame and returns its result, as Meta's predictor does")
 
-    def _check_frame(self, index, what: str = "frame index") -> None:
-        n = self.num_frames
-        if not is_whole_number(index) or not 0 <= index < n:
-            raise FrameIndexError(f"{what} {index!r} is out of range: the video has {n} frames (0..{n - 1})")
-
     # -------------------------------------------------------------------------------- prompts
     def add_prompt(self, frame_index: int = 0, text: str | None = None, points=None, labels=None, boxes=None,
                    box_labels=None, obj_id=None, clear_old_points: bool = True) -> FrameResult:
@@ -195,7 +235,8 @@ class Sam31Session:
                               "boxes prompt finds its own objects")
         box_prompt = None
         if boxes is not None:
-            box_prompt = self._box_prompt(frame, boxes, box_labels)
+            box_prompt = box_prompt_of(self.predictor, frame, boxes, box_labels, self.source.height,
+                                       self.source.width)
         elif box_labels is not None:
             raise PromptError(f"add_prompt on frame {frame}: box_labels {shown(box_labels)} without boxes=")
         if text is None and box_prompt is not None:
@@ -209,42 +250,6 @@ class Sam31Session:
         out = self._run(frame, reverse=False, round_levels=True, boxes=box_prompt)
         self.prompted_frames.add(frame)
         return self._postprocess(out.frame, out.masks, scores=out.scores)
-
-    def _box_prompt(self, frame: int, boxes, box_labels) -> BoxPrompt:
-        """Boxes in video pixels -> Meta's normalised cxcywh (xywh first, as its request carries them)."""
-        where = f"add_prompt on frame {frame}"
-        if "box_grounding_head" not in self.predictor.graphs:
-            raise PromptError(f"{where}: this bundle has no box_grounding_head graph (it was exported before box "
-                              "prompts were supported); export it again with python -m graphs.export --family sam3.1")
-        try:
-            xyxy = np.asarray(boxes, np.float64)
-        except (TypeError, ValueError):
-            xyxy = None
-        if xyxy is None or xyxy.ndim not in (1, 2) or xyxy.shape[-1] != 4 or xyxy.size == 0:
-            raise PromptError(f"{where}: boxes must be [[x0, y0, x1, y1], ...] in video pixels, not {shown(boxes)}")
-        xyxy = xyxy.reshape(-1, 4)
-        h, w = self.source.height, self.source.width
-        if not np.isfinite(xyxy).all():
-            raise PromptError(f"{where}: boxes {shown(boxes)} are not all finite numbers")
-        bad = np.flatnonzero((xyxy[:, 2] < xyxy[:, 0]) | (xyxy[:, 3] < xyxy[:, 1]))
-        if bad.size:
-            raise PromptError(f"{where}: box {xyxy[bad[0]].tolist()} has x1 < x0 or y1 < y0; give [x0, y0, x1, y1]")
-        out = np.flatnonzero((xyxy < 0).any(1) | (xyxy[:, [0, 2]] > w).any(1) | (xyxy[:, [1, 3]] > h).any(1))
-        if out.size:
-            raise PromptError(f"{where}: box {xyxy[out[0]].tolist()} reaches outside the {w}x{h} frame")
-        if box_labels is None:
-            labels = np.ones(len(xyxy), np.int32)
-        else:
-            flat = np.asarray(box_labels).reshape(-1)
-            if flat.shape[0] != len(xyxy) or not np.isin(flat, (0, 1)).all():
-                raise PromptError(f"{where}: box_labels {shown(box_labels)} must give 1 (positive) or 0 (negative) "
-                                  f"for each of the {len(xyxy)} boxes")
-            labels = flat.astype(np.int32)
-        scale = np.asarray([w, h, w, h], np.float64)
-        xywh = (np.concatenate([xyxy[:, :2], xyxy[:, 2:] - xyxy[:, :2]], 1) / scale).astype(np.float32)
-        half = np.float32(0.5)
-        cxcywh = np.concatenate([xywh[:, :2] + half * xywh[:, 2:], xywh[:, 2:]], 1).astype(np.float32)
-        return BoxPrompt(np.clip(cxcywh, np.float32(0), np.float32(1)), labels)
 
     # ----------------------------------------------------------------------------- live stream
     def _stream_prompt(self, text, points, labels, boxes) -> None:
@@ -271,8 +276,6 @@ class Sam31Session:
         frame after the text prompt runs twice, as Meta's add_prompt and then its propagation do.
         Masklet confirmation hides the objects unconfirmed as of this frame (the video session looks
         a few frames ahead). Memories and pointers no later frame can read are freed as it goes."""
-        from ...session import check_stream_frame
-
         self._check_open()
         self._check_idle("track() was called")
         if self.source is not None:
@@ -303,23 +306,13 @@ class Sam31Session:
         """Clicks (Meta's add_sam2_new_points): a new obj_id adds an object in a singleton tracker state
         of its own; a tracked one is refined (extracted from its bucket the first time, see
         Sam31Tracker.refine_object). The result is the frame's cached result with the new mask."""
-        from ...interactive import parse_clicks
-
         where = f"add_prompt on frame {frame}"
         h, w = self.source.height, self.source.width
         click = parse_clicks(points, labels, None, h, w, where)
         t = self.tracker
-        if obj_id is None:
-            obj_id = t.meta.max_obj_id + 1
-        elif not is_whole_number(obj_id) or obj_id < 0:
-            raise ObjectIdError(f"{where}: obj_id {shown(obj_id)} must be a whole number >= 0 (or None for a new "
-                                "object)")
-        obj_id = int(obj_id)
-        refine = obj_id in t.obj_ids
-        if not refine and len(t.obj_ids) >= self.config.max_num_objects:
-            raise PromptError(f"{where}: a new object {obj_id} would exceed max_num_objects="
-                              f"{self.config.max_num_objects}; remove an object first or load with a larger "
-                              "max_num_objects")
+        obj_id, new = clicked_object_id(obj_id, where, t.obj_ids, t.meta.max_obj_id, self.config.max_num_objects,
+                                        reuse_ids=True)
+        refine = not new
         cfg = self.config
         # Meta's points are relative coordinates times the model's image size
         coords = (click.coords.astype(np.float64) / np.asarray([w, h])).astype(np.float32) * np.float32(cfg.image_size)
@@ -378,15 +371,13 @@ class Sam31Session:
         both). start_frame defaults to the first prompted frame."""
         self._check_open()
         self._check_video("propagate()")
-        if not isinstance(direction, str) or direction not in DIRECTIONS:
-            raise ArgumentError(f"direction must be one of {', '.join(map(repr, DIRECTIONS))}, not {shown(direction)}")
+        check_direction(direction)
         if start_frame is None:
             if not self.prompted_frames:
                 raise PromptError("no prompt in this session; call session.add_prompt(frame_index, text=...) first")
             start_frame = min(self.prompted_frames)
         self._check_frame(start_frame, "start_frame")
-        if max_frames is not None and (not is_whole_number(max_frames) or max_frames < 1):
-            raise ArgumentError(f"max_frames must be a whole number >= 1 or None, not {shown(max_frames)}")
+        check_max_frames(max_frames)
         if not self.prompted_frames:
             raise PromptError("no prompt in this session; call session.add_prompt(frame_index, text=...) first")
         passes = [False, True] if direction == "both" else [direction == "backward"]
@@ -402,37 +393,13 @@ class Sam31Session:
         stop = n if max_frames is None else min(start + max_frames, n)
         return range(start, stop)
 
-    def _propagation_type(self) -> tuple[str, list[int] | None]:
-        """Meta's _parse_action_history_for_propagation: ("propagation_full" | "propagation_partial" |
-        "propagation_fetch", the objects a partial propagation tracks)."""
-        h = self.history
-        if not h:
-            return "propagation_full", None
-        last = h[-1]
-        if "propagation" in last["type"]:
-            if last["type"] == "propagation_fetch":
-                return "propagation_fetch", None
-            if (len(h) > 1 and h[-2]["type"] in ("propagation_partial", "propagation_full")) or \
-                    last["frame_idx"] in (0, self.num_frames - 1):
-                return "propagation_fetch", None
-            return last["type"], last.get("obj_ids")
-        obj_ids = []
-        for action in reversed(h):
-            if "propagation" in action["type"]:
-                break
-            if action["type"] in ("add", "refine"):
-                obj_ids.extend(action["obj_ids"])
-        if obj_ids:
-            return "propagation_partial", sorted(set(obj_ids))
-        return "propagation_fetch", None  # only removals since the last propagation
-
     def _propagate(self, passes, start: int, max_frames):
         self._check_idle("propagate() was called again")
         token = object()
         self._running = token
         try:
             for reverse in passes:
-                kind, obj_ids = self._propagation_type()
+                kind, obj_ids = propagation_type(self.history, self.num_frames)
                 self.history.append({"type": kind, "frame_idx": start, "obj_ids": obj_ids})
                 order = self._order(start, max_frames, reverse)
                 # fixed pools keep, through a first pass, the frames the pass back from start_frame reads

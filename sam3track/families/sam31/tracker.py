@@ -2,7 +2,7 @@
 (Sam3MultiplexBase._det_track_one_frame_impl and the VideoTrackingMultiplexDemo tracker states).
 
 `Sam31Tracker.step` runs one `Sam31Frame` through phases.run_frame, the same order and contract as SAM
-3's frame (sam3track/frame_loop.py): backbone and grounding, propagation, planning, execution, outputs.
+3's frame (sam3track/families/sam3/frame_loop.py): backbone and grounding, propagation, planning, execution, outputs.
 Meta's planning phase also encodes the tracked objects' memories and updates its metadata in place; to
 keep planning free of changes, here it decides on a copy of the metadata, and execution encodes those
 memories first, then installs the metadata and scores, then runs births and removals: the same graph

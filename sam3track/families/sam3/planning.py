@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from . import mask_ops
+from ... import mask_ops
 from .association import Association, associate
 from .objects import ALWAYS_OCCLUDED, NEVER_OCCLUDED, ObjectRegistry, TrackedObject
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .backends import DeviceTensor
-from .call_sizes import chunks, fixed_size, pad_rows
+from ...backends import DeviceTensor
+from ...call_sizes import chunks, fixed_size, pad_rows
 
 
 class TextPrompts:

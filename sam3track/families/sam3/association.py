@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .mask_ops import mask_iou
+from ...mask_ops import mask_iou
 
 
 @dataclass

@@ -24,13 +24,13 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from . import mask_ops
-from .backends import Backend, DeviceTensor
-from .call_sizes import chunks, fixed_size, pad_rows
-from .errors import CapacityError
-from .memory_bank import MemoryBank, MemoryEntry
+from ... import mask_ops
+from ...backends import Backend, DeviceTensor
+from ...call_sizes import chunks, fixed_size, pad_rows
+from ...errors import CapacityError
+from ...phases import FramePhases, run_frame
+from .memory import MemoryBank, MemoryEntry
 from .objects import ObjectRegistry
-from .phases import FramePhases, run_frame
 from .planning import Detections, FramePlan, plan_frame
 
 REMOVED_SCORE = -1e4  # what the reference reports for objects its heuristics removed on this frame

@@ -2,63 +2,26 @@
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from typing import Iterator
 
 import numpy as np
 
-from .errors import (ArgumentError, FrameIndexError, ObjectIdError, PromptError, SessionBusyError,
-                     SessionClosedError, VideoError, is_whole_number, shown)
-from .backends import DeviceTensor
+from ...backends import DeviceTensor
+from ...errors import ArgumentError, FrameIndexError, ObjectIdError, PromptError, VideoError, is_whole_number, shown
+from ...postprocess import build_result, to_pixel_values
+from ...prompts import parse_clicks
+from ...results import FrameResult
+from ...session_base import (FrameCache, SessionBase, check_frame_size, check_direction,  # noqa: F401
+                             check_max_frames, check_stream_frame, clicked_object_id)
+from .clicks import ClickBook, use_multimask
 from .frame_loop import ClickRequest, FrameLoop, FrameOutput
-from .interactive import ClickBook, parse_clicks, use_multimask
-from .memory_bank import MemoryBank
+from .memory import MemoryBank
 from .objects import ObjectRegistry, TrackedObject
 from .planning import Detections
-from .postprocess import build_result, to_pixel_values
-from .results import FrameResult
 from .text_prompts import TextPrompts
 
-DIRECTIONS = ("forward", "backward", "both")
-MIN_FRAME_SIDE = 16  # smaller frames carry nothing to track; refuse them rather than upsample noise
-def check_frame_size(height: int, width: int, where: str) -> None:
-    if min(height, width) < MIN_FRAME_SIDE:
-        raise VideoError(f"{where} is {width}x{height} pixels; frames must be at least {MIN_FRAME_SIDE} pixels on "
-                         "each side")
 
-
-def check_stream_frame(frame, index: int, size: tuple[int, int] | None) -> tuple[np.ndarray, tuple[int, int]]:
-    """A live stream's frame `index`: an RGB uint8 (H, W, 3) array of the stream's first frame's size
-    (`size`, None for the first frame). Returns the array and the stream's size."""
-    frame = np.asarray(frame)
-    if frame.ndim != 3 or frame.shape[2] != 3 or frame.dtype != np.uint8:
-        raise VideoError(f"track() takes one RGB uint8 frame of shape (H, W, 3); got {frame.dtype} {frame.shape}")
-    check_frame_size(frame.shape[0], frame.shape[1], f"frame {index} of the stream")
-    if size is not None and frame.shape[:2] != size:
-        raise VideoError(f"frame {index} is {frame.shape[1]}x{frame.shape[0]}, but the stream started at "
-                         f"{size[1]}x{size[0]}; start a new session for a new size")
-    return frame, size or frame.shape[:2]
-
-
-class FrameCache:
-    """A few decoded frames; frames are read lazily from the source and evicted oldest first."""
-
-    def __init__(self, source, size: int = 4):
-        self.source, self.size = source, size
-        self._frames: OrderedDict[int, np.ndarray] = OrderedDict()
-
-    def get(self, index: int) -> np.ndarray:
-        if index not in self._frames:
-            self._frames[index] = self.source.read(index)
-            while len(self._frames) > self.size:
-                self._frames.popitem(last=False)
-        return self._frames[index]
-
-    def clear(self) -> None:
-        self._frames.clear()
-
-
-class Session:
+class Sam3Session(SessionBase):
     """A SAM 3 tracking session (sam3track.tracking_session.TrackingSession)."""
 
     box_prompts = "tracker"  # each box is an object of its own, decoded by the tracker
@@ -93,12 +56,6 @@ class Session:
                 self.backend.plan(graph, "pointer_rows", caps["pointer_rows"]))
 
     # ----------------------------------------------------------------------------- lifecycle
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-
     def close(self) -> None:
         """Free the session's device memory and its video; idempotent. A propagate() generator still
         suspended raises SessionClosedError when resumed."""
@@ -113,17 +70,6 @@ class Session:
             self.frames.clear()
         if self.source is not None and self._owns_source:
             self.source.close()
-
-    def _check_open(self) -> None:
-        if self.predictor.closed:
-            raise SessionClosedError("the predictor of this session was closed; load the bundle again")
-        if self.closed:
-            raise SessionClosedError("this session is closed; start a new one with predictor.start_session()")
-
-    def _check_idle(self, what: str) -> None:
-        if self._running is not None:
-            raise SessionBusyError(f"{what} while a propagate() of this session is still running; iterate it to "
-                                   "the end or call .close() on it first")
 
     @property
     def num_frames(self) -> int | None:
@@ -189,21 +135,8 @@ class Session:
         if not isinstance(clear_old, bool):
             raise ArgumentError(f"{where}: clear_old_points must be True or False, not {shown(clear_old)}")
         objects = self.objects
-        if obj_id is None:
-            obj_id = objects.max_obj_id + 1
-        elif not is_whole_number(obj_id) or obj_id < 0:
-            raise ObjectIdError(f"{where}: obj_id {shown(obj_id)} must be a whole number >= 0 (or None for a new "
-                                "object)")
-        elif obj_id not in objects and obj_id <= objects.max_obj_id:
-            raise ObjectIdError(f"{where}: object {obj_id} is not tracked, and ids are never reused: a new object's "
-                                f"id must be above {objects.max_obj_id}, the largest used so far; give obj_id=None "
-                                "for the next free one")
-        obj_id = int(obj_id)
-        new = obj_id not in objects
-        if new and len(objects) >= self.config.max_num_objects:
-            raise PromptError(f"{where}: a new object {obj_id} would exceed max_num_objects="
-                              f"{self.config.max_num_objects}; remove an object first or load with a larger "
-                              "max_num_objects")
+        obj_id, new = clicked_object_id(obj_id, where, objects, objects.max_obj_id, self.config.max_num_objects,
+                                        reuse_ids=False)
         merged = self.clicks.merged(obj_id, frame_index, click, clear_old, where)
         self.loop.check_points(len(merged), frame_index)
         # everything is checked: from here on the session changes
@@ -266,11 +199,6 @@ class Session:
         self.text.remove(k)
 
     # ---------------------------------------------------------------------------------- frames
-    def _check_frame(self, index, what: str = "frame index") -> None:
-        n = self.num_frames
-        if not is_whole_number(index) or not 0 <= index < n:
-            raise FrameIndexError(f"{what} {index!r} is out of range: the video has {n} frames (0..{n - 1})")
-
     def _run_frame(self, index: int, rgb: np.ndarray, reverse: bool, streaming: bool, num_frames) -> FrameOutput:
         if not self.prompts and not len(self.objects):
             raise PromptError("no prompt in this session; call session.add_prompt(text=...) or add clicks or a box "
@@ -310,15 +238,13 @@ class Session:
         self._check_open()
         if self.source is None:
             raise VideoError("this session has no video (live stream); feed frames with session.track(frame)")
-        if not isinstance(direction, str) or direction not in DIRECTIONS:
-            raise ArgumentError(f"direction must be one of {', '.join(map(repr, DIRECTIONS))}, not {shown(direction)}")
+        check_direction(direction)
         n = self.num_frames
         if start_frame is None:
             first_prompted = self.first_prompted_frame
             start_frame = first_prompted if direction != "backward" else max(first_prompted, n - 1)
         self._check_frame(start_frame, "start_frame")
-        if max_frames is not None and (not is_whole_number(max_frames) or max_frames < 1):
-            raise ArgumentError(f"max_frames must be a whole number >= 1 or None, not {shown(max_frames)}")
+        check_max_frames(max_frames)
         passes = []
         if direction in ("forward", "both"):
             stop = n if max_frames is None else min(n, start_frame + max_frames)
@@ -444,3 +370,6 @@ class Session:
     def memory_usage(self) -> dict[str, int]:
         return {"memory_rows": self.bank.memories.used, "pointer_rows": self.bank.pointers.used,
                 "memory_capacity": self.bank.memories.capacity, "pointer_capacity": self.bank.pointers.capacity}
+
+
+Session = Sam3Session  # the name before the families were split (sam3track.families.sam3.session.Session)
