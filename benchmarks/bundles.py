@@ -1,9 +1,9 @@
 """The seeded models the benchmark measures, exported once into a cache directory.
 
-- ``tiny`` and ``mid``: ``graphs.export.export_bundle(None, out, tiny_seed=0, tiny_preset=preset)``; the
+- ``tiny`` and ``mid``: ``graphs.sam3.export.export_bundle(None, out, tiny_seed=0, tiny_preset=preset)``; the
   reference loads the seeded checkpoint the bundle keeps in ``<bundle>/source``.
 - ``full``: the default ``Sam3VideoConfig`` at full size (1008 px, 32-layer ViT, 200 queries ...), with
-  weights drawn by the same seeded rule as the small presets (``graphs.tiny._rescale_weights``) and the
+  weights drawn by the same seeded rule as the small presets (``graphs.sam3.tiny._rescale_weights``) and the
   small tokenizer (a real snapshot's CLIP vocabulary is not needed to time a frame). Written here as an
   ordinary checkpoint directory and exported like a real one, so graphs/ needs no preset for it.
 
@@ -67,10 +67,10 @@ def exporter_hash() -> str:
 
 def int8_supported() -> str | None:
     """None when graphs.export can quantise graphs to int8, else why not."""
-    from graphs.export import export_bundle
+    from graphs.sam3.export import export_bundle
 
     if "int8" not in inspect.signature(export_bundle).parameters:
-        return "graphs.export.export_bundle has no int8= option in this checkout (being added by the lead)"
+        return "graphs.sam3.export.export_bundle has no int8= option in this checkout (being added by the lead)"
     return None
 
 
@@ -89,7 +89,7 @@ def get_bundle(preset: str, cache: Path, seed: int = 0, int8: tuple[str, ...] = 
         source = out / "source"
     if (out / "manifest.json").is_file():
         return BundleInfo(preset, variant, out, source, None)
-    from graphs.export import export_bundle
+    from graphs.sam3.export import export_bundle
 
     log(f"exporting the {preset} bundle ({variant}) to {out} ...")
     started = time.perf_counter()
@@ -116,11 +116,11 @@ def full_config():
 
 def write_full_checkpoint(out_dir: Path, seed: int = 0) -> Path:
     """The full-size default-config model with seeded weights, saved as a Hugging Face checkpoint
-    directory (what graphs.tiny.write_tiny_checkpoint does for the small presets)."""
+    directory (what graphs.sam3.tiny.write_tiny_checkpoint does for the small presets)."""
     import torch
     from transformers import Sam3VideoModel
 
-    from graphs.tiny import TinyPreset, _rescale_weights, tiny_tokenizer
+    from graphs.sam3.tiny import TinyPreset, _rescale_weights, tiny_tokenizer
 
     tokenizer = tiny_tokenizer()
     cfg = full_config()

@@ -622,9 +622,9 @@ def _describe(preset: str, manifest: dict) -> str:
     cfg = manifest.get("config", {})
     pre = manifest.get("preprocessing", {})
     src = manifest.get("source", {})
-    what = {"tiny": "the seeded test model (graphs/tiny.py `tiny`)",
+    what = {"tiny": "the seeded test model (graphs/sam3/tiny.py `tiny`)",
             "mid": "the seeded `mid` model: the default Sam3VideoConfig's widths at 504 px, 4-layer ViT, 2-layer text "
-                   "encoder (graphs/tiny.py)",
+                   "encoder (graphs/sam3/tiny.py)",
             "full": "the default Sam3VideoConfig at full size with seeded random weights (benchmarks/bundles.py)"}[preset]
     return (f"{what}; image {pre.get('image_size')} px, {cfg.get('detector', {}).get('num_queries')} detector queries, "
             f"{src.get('parameters', 0) / 1e6:.0f} M parameters; exporter: "

@@ -125,7 +125,7 @@ def _calls(run: dict) -> dict | None:
 
 # ------------------------------------------------------------------------------------------ Meta
 def run_meta(env: Path, checkpoint: Path, n: int, args) -> dict:
-    from graphs import sam31_reference as ref
+    from graphs.sam31 import reference as ref
 
     with tempfile.TemporaryDirectory(prefix="sam31-bench-") as tmp:
         out = Path(tmp) / "t.json"
@@ -158,7 +158,7 @@ def main(argv: list[str] | None = None) -> int:
     frames = frames_of(CLIPS / a.clip, a.frames)
     env = checkpoint = None
     if not a.no_meta:
-        from graphs import sam31_reference as ref
+        from graphs.sam31 import reference as ref
 
         env = ref.find_env()
         if env is None:

@@ -20,13 +20,17 @@ OPSET = 17
 EXTERNAL_DATA_THRESHOLD = 1_800_000_000  # protobuf caps one file at 2 GiB
 
 
+class CheckpointError(Exception):
+    """The checkpoint directory cannot be exported; the message says which file and what to do."""
+
+
 class ExportError(Exception):
     """An export asked for something it cannot do: the message names the flag or path and what to do."""
 
 
 def check_destination(out: Path, overwrite: bool, attention: str) -> None:
     """Every family's first checks: the bundle folder is free (or --overwrite) and the attention mode known."""
-    from .modules import ATTENTION_MODES
+    from .ops import ATTENTION_MODES
 
     if out.exists() and not overwrite:
         raise ExportError(f"{out} already exists; pass --overwrite to replace it or choose another --out")
@@ -64,7 +68,7 @@ def export_module(module, spec, inputs: dict, out_dir: Path, precision: str = "f
     import torch
 
     from . import bf16_rounding
-    from .modules import transformers_attention
+    from .ops import transformers_attention
 
     name = spec.name
     module = module.eval()

@@ -192,7 +192,7 @@ POOL_OF = {"memory_image_index": "image_pool"}
 def sample_inputs(plan: GraphPlan, sizes: dict[str, int], manifest: dict, model=None, seed: int = 0) -> dict:
     """Seeded inputs that are valid for the graph's semantics, without torch.
 
-    The same rules as graphs.specs.sample_inputs, by name: indices within their pool's rows, slots within
+    The same rules as graphs.sam3.specs.sample_inputs, by name: indices within their pool's rows, slots within
     num_maskmem, masks 0/1 with at least one valid entry per row (an all-masked softmax is NaN on both sides
     and would hide a real mismatch), ids within the vocabulary.
     """

@@ -101,7 +101,7 @@ def rounding_xfail(reason: str, diverges_on: tuple[str, ...]):
 # into each run's own folder.
 @pytest.fixture(scope="session")
 def tiny_bundle(tmp_path_factory) -> Path:
-    from graphs.export import export_bundle
+    from graphs.sam3.export import export_bundle
 
     out = tmp_path_factory.mktemp("bundles") / "tiny"
     return cached_export("tiny", {"seed": 0}, out, lambda o: export_bundle(None, o, tiny_seed=0, log=lambda *_: None))
@@ -110,7 +110,7 @@ def tiny_bundle(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def tiny_plain_bundle(tmp_path_factory) -> Path:
     """The tiny bundle with standard-op attention (--attention plain): what om.convert (ATC) needs."""
-    from graphs.export import export_bundle
+    from graphs.sam3.export import export_bundle
 
     out = tmp_path_factory.mktemp("bundles") / "tiny-plain"
     return cached_export("tiny-plain", {"seed": 0}, out,
@@ -118,12 +118,12 @@ def tiny_plain_bundle(tmp_path_factory) -> Path:
 
 
 def sam31_reference_or_skip():
-    """The SAM 3.1 reference (graphs.sam31_reference.Reference), or a skip saying how to build it.
+    """The SAM 3.1 reference (graphs.sam31.reference.Reference), or a skip saying how to build it.
 
     With SAM3TRACK_REQUIRE_SAM31_REFERENCE=1 (CI) a missing reference environment fails instead."""
     import os
 
-    from graphs import sam31_reference as ref
+    from graphs.sam31 import reference as ref
 
     env = ref.find_env()
     if env is None:

@@ -3,7 +3,7 @@
 A reference run is a pure function of the checkpoint, the model inputs (pixel values, token ids, clicks),
 the test-side code that drives it, the torch / transformers / numpy versions and the CPU it runs on. The
 key hashes all of these, so a run is recomputed live whenever any of them changes, and reused otherwise
-(as graphs.sam31_reference does for Meta's SAM 3.1 outputs). What a cached run proves is what the live run
+(as graphs.sam31.reference does for Meta's SAM 3.1 outputs). What a cached run proves is what the live run
 proved when it was made: the comparison against sam3track is still made live, every time.
 
 Home: ``$SAM3TRACK_SAM3_REFERENCE_HOME`` or ``~/.cache/sam3track/sam3-reference``;

@@ -41,10 +41,11 @@ def test_shipped_bundle_gives_the_outputs_of_a_fresh_export(tmp_path):
     """Regenerating with the documented command gives graphs that compute what the shipped ones do."""
     import onnxruntime as ort
 
-    from graphs import export, specs
+    from graphs import export
+    from graphs.sam3 import specs
     from graphs.comparison import FP32_TOL, relative_error
-    from graphs.checkpoint import load_model
-    from graphs.tiny import DEMO, write_tiny_checkpoint
+    from graphs.sam3.checkpoint import load_model
+    from graphs.sam3.tiny import DEMO, write_tiny_checkpoint
 
     fresh = tmp_path / "demo_bundle"
     assert export.main(["--demo", "--out", str(fresh)]) == 0
@@ -72,7 +73,7 @@ def test_shipped_bundle_gives_the_outputs_of_a_fresh_export(tmp_path):
 
 def test_shipped_bundle_passes_the_check_against_its_rebuilt_checkpoint():
     # The shipped bundle has no checkpoint: graphs.check rebuilds it from the manifest's seed and preset.
-    from graphs.check import run_checks
+    from graphs.sam3.check import run_checks
 
     rows = run_checks(SHIPPED, graphs=["text_encoder", "memory_encoder"], log=lambda *_: None)
     assert rows and all(r.ok for r in rows), [(r.graph, r.case, r.output, r.rel) for r in rows if not r.ok]

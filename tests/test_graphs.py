@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from graphs import export
-from graphs.check import run_checks
+from graphs.sam3 import export
+from graphs.sam3.check import run_checks
 from graphs.comparison import BF16_CRITERION, Row
-from graphs.checkpoint import CheckpointError, validate_checkpoint
+from graphs.sam3.checkpoint import CheckpointError, validate_checkpoint
 
 
 def test_every_graph_matches_the_reference_at_every_size(tiny_bundle):
@@ -26,7 +26,7 @@ def test_every_graph_matches_the_reference_at_every_size(tiny_bundle):
         assert any(g == "propagation_decoder" and c.startswith(f"N={n} ") for g, c in cases)
     # K = 4 conditioning + 6 recent memories; P = every kept conditioning frame's pointer (the
     # runtime's cap) + 15 recent ones: the largest call the runtime makes is checked too
-    from graphs.check import max_pointer_conditioning_frames
+    from graphs.sam3.check import max_pointer_conditioning_frames
 
     p_max = 15 + max_pointer_conditioning_frames()
     assert p_max > 19
@@ -94,7 +94,7 @@ def test_bf16_rounding_is_round_to_nearest_even_in_any_runtime(tiny_bundle):
     import torch
     from onnx import helper
 
-    from graphs.modules import round_to_bfloat16
+    from graphs.sam3.modules import round_to_bfloat16
     from sam3track.backends.openvino import shared_core
 
     rng = np.random.default_rng(0)

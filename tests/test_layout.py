@@ -183,3 +183,16 @@ def test_moved_names_keep_their_old_path_with_a_warning(module, name, new):
     assert value is getattr(importlib.import_module(new), name)
     with pytest.raises(AttributeError):
         getattr(importlib.import_module(module), "no_such_name")
+
+
+def test_the_graphs_families_share_only_the_common_machinery():
+    """graphs/sam31 builds on the shared export machinery (onnx_export, comparison, ops, spec_types),
+    never on SAM 3's modules; SAM 3's export reads SAM 3.1's checkpoint detector only to name the right
+    --family flag for a SAM 3.1 file."""
+    graph = import_graph()
+    sam31_on_sam3 = {m: sorted(d for d in graph[m] if d.startswith("graphs.sam3."))
+                     for m in graph if m.startswith("graphs.sam31.")}
+    assert not {m: d for m, d in sam31_on_sam3.items() if d}, sam31_on_sam3
+    sam3_on_sam31 = {m: sorted(d for d in graph[m] if d.startswith("graphs.sam31"))
+                     for m in graph if m.startswith("graphs.sam3.")}
+    assert {m: d for m, d in sam3_on_sam31.items() if d} == {"graphs.sam3.export": ["graphs.sam31.checkpoint"]}

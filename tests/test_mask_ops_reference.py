@@ -228,7 +228,7 @@ def test_sam3_video_model_runs_nms_and_hole_filling_with_the_stand_in(tmp_path):
     from transformers import Sam3VideoModel
     from transformers.models.sam3_video.modeling_sam3_video import Sam3VideoInferenceSession
 
-    from graphs.tiny import IMAGE_SIZE, tiny_tokenizer, write_tiny_checkpoint
+    from graphs.sam3.tiny import IMAGE_SIZE, tiny_tokenizer, write_tiny_checkpoint
     from sam3track.video import open_video
 
     from .conftest import CLIPS

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 import sam3track
-from graphs import sam31_reference as ref
+from graphs.sam31 import reference as ref
 from sam3track.testing.acl_emulator import install
 
 from .conftest import CLIPS, mask_iou

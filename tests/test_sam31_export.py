@@ -2,7 +2,7 @@
 own outputs, the tokenizer against Meta's tokenizer, the manifest, and how the rest of sam3track treats a
 SAM 3.1 bundle.
 
-Everything Meta-side comes from the reference environment (graphs.sam31_reference; the tests skip
+Everything Meta-side comes from the reference environment (graphs.sam31.reference; the tests skip
 without it and CI requires it): the seeded checkpoint in Meta's real format, its module dumps, and the
 runs of reference/sam31/{tokenize_texts,dump_frame_features,builder_config}.py.
 """
@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import torch
 
-from graphs.checkpoint import CheckpointError
+from graphs.sam3.checkpoint import CheckpointError
 from graphs.sam31 import checkpoint as ckpt
 from graphs.sam31 import detector, meta_runs
 from graphs.sam31 import export as sam31_export
@@ -233,7 +233,7 @@ def test_a_sam31_file_exported_as_sam3_names_the_flag(sam31_reference, tmp_path,
 
 def test_sam3_checkpoints_exported_as_sam31_name_the_flag(tmp_path, capsys):
     from graphs.export import main
-    from graphs.tiny import DEMO, write_tiny_checkpoint
+    from graphs.sam3.tiny import DEMO, write_tiny_checkpoint
 
     hf = write_tiny_checkpoint(tmp_path / "hf", preset=DEMO)
     meta_sam3 = tmp_path / "sam3.pt"  # Meta's SAM 3 layout: tracker.<module> without .model., sam2_convs
@@ -246,7 +246,7 @@ def test_sam3_checkpoints_exported_as_sam31_name_the_flag(tmp_path, capsys):
 
 
 def test_tiny_sam31_without_the_reference_env_says_how_to_build_it(monkeypatch, tmp_path, capsys):
-    from graphs import sam31_reference as ref
+    from graphs.sam31 import reference as ref
     from graphs.export import main
 
     monkeypatch.setattr(ref, "find_env", lambda: None)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from graphs import sam31_reference as ref
+from graphs.sam31 import reference as ref
 
 from .test_sam31_runtime import IOU_MEAN, IOU_MIN, SCORE_TOL, _frames, bundle  # noqa: F401 (fixture)
 

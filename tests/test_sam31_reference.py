@@ -1,4 +1,4 @@
-"""The SAM 3.1 reference harness (reference/sam31/, graphs/sam31_reference.py) checked from the main env.
+"""The SAM 3.1 reference harness (reference/sam31/, graphs/sam31/reference.py) checked from the main env.
 
 These tests check the harness itself, not our SAM 3.1 runtime (which does not exist yet): the seeded
 checkpoint is in Meta's layout and loads with plain torch.load here; the scenario outputs carry every
@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from graphs import sam31_reference as ref
+from graphs.sam31 import reference as ref
 
 from .conftest import CLIPS, REPO, sam31_reference_or_skip
 

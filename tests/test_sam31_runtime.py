@@ -15,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from graphs import sam31_reference as ref
+from graphs.sam31 import reference as ref
 
 from .conftest import CLIPS
 

@@ -151,7 +151,7 @@ class Sam31Checker:
     def _find_meta(self):
         from sam3track.bundle import file_sha256
 
-        from .. import sam31_reference as ref
+        from . import reference as ref
         from . import meta_runs
 
         env = ref.find_env()

@@ -24,7 +24,7 @@ import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from ..checkpoint import CheckpointError
+from ..onnx_export import CheckpointError
 
 FAMILY = "sam3.1"
 CHECKPOINT_FILES = ("sam3.1_multiplex.pt", "sam3.1_multiplex.safetensors")

@@ -22,7 +22,7 @@ single-frame grounding path (``forward_video_grounding_multigpu``, which a text 
 the batched path that ``propagate_in_video`` runs (``_slice_batched_output``) keeps them float32. The
 reference run shows both (shim P8b counts the casts). So the backbone and the interactive neck take a
 per-image ``round_levels`` flag (1: round, as add_prompt; 0: float32, as propagation), rounded with the
-same exact float32 arithmetic graphs/modules.py uses for memories. The detector's own levels are never
+same exact float32 arithmetic graphs/sam3/modules.py uses for memories. The detector's own levels are never
 rounded.
 """
 
@@ -33,8 +33,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from ..modules import round_to_bfloat16
-from ..specs import GraphSpec, TensorSpec
+from ..ops import round_to_bfloat16
+from ..spec_types import GraphSpec, TensorSpec
 
 
 class Sam31DetectorModel(nn.Module):

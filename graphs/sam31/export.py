@@ -19,7 +19,7 @@ from pathlib import Path
 
 from sam3track.bundle import file_sha256
 
-from ..checkpoint import CheckpointError
+from ..onnx_export import CheckpointError
 from ..onnx_export import (ExportError, check_destination, export_module, exporter_record, precision_of,
                            publish_bundle, staging_dir)
 from . import checkpoint as ckpt
@@ -125,7 +125,7 @@ def _find_bpe(checkpoint_info, bpe: Path | None) -> Path:
 
 def tiny_checkpoint() -> Path:
     """The seeded small SAM 3.1 checkpoint of the reference harness (made by Meta's own builder there)."""
-    from .. import sam31_reference as ref
+    from . import reference as ref
 
     env = ref.find_env()
     if env is None:

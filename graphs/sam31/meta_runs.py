@@ -1,10 +1,10 @@
 """Runs of this package's own reference scripts in Meta's SAM 3.1 environment, cached.
 
-graphs/sam31_reference.py makes the seeded checkpoint and the module dumps; three more scripts of
+graphs/sam31/reference.py makes the seeded checkpoint and the module dumps; three more scripts of
 reference/sam31/ answer what those do not: Meta's tokenizer on given strings (``tokenize_texts.py``),
 the per-frame features Meta's predictor hands its tracker, on both of its grounding paths
 (``dump_frame_features.py``), and the settings its builder gives the predictor (``builder_config.py``).
-Each output is cached under ``<reference home>/outputs/<kind>-<key>/`` as graphs.sam31_reference does
+Each output is cached under ``<reference home>/outputs/<kind>-<key>/`` as graphs.sam31.reference does
 (written to ``.partial``, renamed once complete), keyed by the script and harness sources, the env,
 the arguments and the checkpoint.
 """
@@ -17,7 +17,7 @@ import json
 import shutil
 from pathlib import Path
 
-from .. import sam31_reference as ref
+from . import reference as ref
 
 SCRIPTS = {"tokens": "tokenize_texts.py", "frame-features": "dump_frame_features.py",
            "builder-config": "builder_config.py"}

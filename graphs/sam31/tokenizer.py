@@ -145,7 +145,7 @@ def regenerate_ftfy_table(reference_env: Path, out: Path | None = None) -> Path:
     """Rewrite ftfy_table.py from Meta's ftfy (run by reference/sam31/tokenize_texts.py in the env)."""
     import tempfile
 
-    from graphs import sam31_reference as ref
+    from graphs.sam31 import reference as ref
 
     out = Path(out or Path(__file__).with_name("ftfy_table.py"))
     with tempfile.TemporaryDirectory() as tmp:

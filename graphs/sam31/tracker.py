@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..modules import NO_OBJ_SCORE, attention, resize_antialiased, round_to_bfloat16
+from ..ops import NO_OBJ_SCORE, attention, resize_antialiased, round_to_bfloat16
 
 PREFIX = "tracker.model."
 INTERNAL_PREFIX = "sam2_predictor.model."  # Meta's internal name; its loader renames it to PREFIX
@@ -631,9 +631,9 @@ def grid_from_state_dict(state_dict: dict) -> int | None:
 
 # ---------------------------------------------------------------------------------------- graphs
 class TrackerGraph(nn.Module):
-    """Base of the graph wrappers: holds the tracker; ``attention_mode`` (modules.ATTENTION_MODES) is set by
+    """Base of the graph wrappers: holds the tracker; ``attention_mode`` (ops.ATTENTION_MODES) is set by
     the exporter and reaches the memory attention (the two-way transformers are switched by
-    modules.transformers_attention around the export)."""
+    ops.transformers_attention around the export)."""
 
     def __init__(self, tracker: Sam31Tracker):
         super().__init__()

@@ -3,7 +3,7 @@
     export_tracker_graphs(state_dict, out_dir, attention="fused" | "plain") -> manifest graph entries
     check_<graph>(bundle_or_onnx_dir, dumps) -> [graphs.check.Row]     (the graph registry calls these)
 
-``dumps`` is the folder of reference/sam31/dump_modules.py (``graphs.sam31_reference.Reference.modules()``).
+``dumps`` is the folder of reference/sam31/dump_modules.py (``graphs.sam31.reference.Reference.modules()``).
 Its ``*_step_*`` cases are Meta's own composite tracker steps on seeded inputs; each is fed to the graph
 through the documented transformation of graphs/sam31/tracker_feeds.py (pool rows, Meta's memory
 selection as indices, objects at their (bucket, slot), junk in empty slots), and this module compares.
@@ -62,7 +62,7 @@ def export_tracker_graphs(state_dict: dict, out_dir, attention: str = "fused", i
 def export_graph(trk, dims, name: str, out_dir: Path, attention: str) -> dict:
     """One tracker graph through graphs.onnx_export.export_module (the exporter every family shares)."""
     from ..onnx_export import export_module
-    from ..modules import ATTENTION_MODES
+    from ..ops import ATTENTION_MODES
 
     if attention not in ATTENTION_MODES:
         raise ValueError(f"attention must be one of {ATTENTION_MODES}, got {attention!r}")
@@ -135,7 +135,7 @@ def _dump(dumps, case: str) -> dict:
     path = Path(dumps) / f"{case}.npz"
     if not path.is_file():
         raise FileNotFoundError(f"{path}: the module dumps lack case {case!r} (reference/sam31/dump_modules.py "
-                                "of this checkout makes it; python -m graphs.sam31_reference --modules)")
+                                "of this checkout makes it; python -m graphs.sam31.reference --modules)")
     index = json.loads((Path(dumps) / "index.json").read_text())["cases"][case]
     with np.load(path) as z:
         arrays = {k: z[k] for k in z.files}
@@ -369,7 +369,7 @@ def main(argv=None) -> int:
 
     import torch
 
-    from .. import sam31_reference as ref
+    from . import reference as ref
 
     ap = argparse.ArgumentParser(prog="python -m graphs.sam31.tracker_check", description=main.__doc__)
     ap.add_argument("out", type=Path)

@@ -1,6 +1,6 @@
 """Names, dtypes and symbolic shapes of the SAM 3.1 tracker graphs' inputs and outputs, and seeded samples.
 
-Same conventions as graphs/specs.py (TensorSpec / GraphSpec from there): int32 indices and ids, float32
+Same conventions as graphs/sam3/specs.py (TensorSpec / GraphSpec from there): int32 indices and ids, float32
 masks and flags (1.0 = true), no int64 or bool at a boundary. Named dynamic axes:
 
 - buckets: buckets in one call (any mix of tracker states); objects: objects in one call;
@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..specs import GraphSpec, TensorSpec
+from ..spec_types import GraphSpec, TensorSpec
 from . import tracker
 
 GRAPHS = ("propagation_decoder", "memory_encoder", "interactive_decoder", "mask_init")

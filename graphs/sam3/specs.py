@@ -13,31 +13,8 @@ from dataclasses import dataclass
 
 import torch
 
+from ..spec_types import GraphSpec, TensorSpec
 from . import modules
-
-
-@dataclass(frozen=True)
-class TensorSpec:
-    name: str
-    dtype: str  # numpy dtype name
-    shape: tuple  # ints and symbolic names (str)
-
-
-@dataclass(frozen=True)
-class GraphSpec:
-    name: str
-    module: type
-    inputs: tuple[TensorSpec, ...]
-    outputs: tuple[TensorSpec, ...]
-
-    @property
-    def dynamic_axes(self) -> dict[str, dict[int, str]]:
-        axes = {}
-        for t in self.inputs + self.outputs:
-            dims = {i: d for i, d in enumerate(t.shape) if isinstance(d, str)}
-            if dims:
-                axes[t.name] = dims
-        return axes
 
 
 @dataclass(frozen=True)

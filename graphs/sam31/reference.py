@@ -11,7 +11,7 @@ what they write, keyed by everything that decides it:
 ``<home>`` is ``$SAM3TRACK_SAM31_REFERENCE_HOME`` or ``~/.cache/sam3track/sam31-reference``. A folder is
 used only once its ``DONE.json`` is written (a run writes into ``<folder>.partial`` and renames).
 
-    from graphs import sam31_reference as ref
+    from graphs.sam31 import reference as ref
     r = ref.reference()            # None when the env is not built
     r.checkpoint                   # .../sam3.1_multiplex.pt  (torch.load(weights_only=True) works here)
     r.scenarios                    # folder of <scenario>.npz/.json (run_scenarios.py)
@@ -35,7 +35,7 @@ from pathlib import Path
 
 import numpy as np
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 REF_DIR = REPO / "reference" / "sam31"
 SCRIPTS = {"checkpoint": "make_checkpoint.py", "scenarios": "run_scenarios.py", "modules": "dump_modules.py"}
 HARNESS = ("shim.py", "common.py", "driver.py")
@@ -54,7 +54,7 @@ def _build_env():
     if mod is None:
         path = REF_DIR / "build_env.py"
         if not path.is_file():
-            raise ReferenceError(f"{path} not found: graphs.sam31_reference needs the repository checkout")
+            raise ReferenceError(f"{path} not found: graphs.sam31.reference needs the repository checkout")
         spec = importlib.util.spec_from_file_location("_sam31_build_env", path)
         mod = importlib.util.module_from_spec(spec)
         sys.modules["_sam31_build_env"] = mod
@@ -253,7 +253,7 @@ def scenario_digest(folder: Path, name: str) -> str:
 def main(argv=None) -> int:
     import argparse
 
-    ap = argparse.ArgumentParser(prog="python -m graphs.sam31_reference",
+    ap = argparse.ArgumentParser(prog="python -m graphs.sam31.reference",
                                  description="make (or find) the cached SAM 3.1 reference outputs")
     ap.add_argument("--modules", action="store_true", help="also the module input/output dumps")
     a = ap.parse_args(argv)

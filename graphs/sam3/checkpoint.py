@@ -7,12 +7,10 @@ import json
 import os
 from pathlib import Path
 
+from ..onnx_export import CheckpointError
+
 EXPECTED_MODEL_TYPE = "sam3_video"
 TOKENIZER_FILES = ("tokenizer.json", "vocab.json", "merges.txt")
-
-
-class CheckpointError(Exception):
-    """The checkpoint directory cannot be exported; the message says which file and what to do."""
 
 
 def _weight_files(directory: Path) -> list[Path]:
