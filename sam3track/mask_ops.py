@@ -39,6 +39,12 @@ _MAX_EXACT_F32 = 1 << 24
 _CC_BATCH_PIXELS = 1 << 22
 
 
+def sigmoid(x, compute_dtype=np.float32) -> np.ndarray:
+    """float32 sigmoid of ``x``, computed in ``compute_dtype``: SAM 3's reference computes its tracker
+    probabilities in float32, Meta's SAM 3.1 in float64 (the rounding differs in the last bit)."""
+    return (1.0 / (1.0 + np.exp(-np.asarray(x, compute_dtype)))).astype(np.float32)
+
+
 def _flatten(x: np.ndarray) -> np.ndarray:
     """[N, ...] -> [N, P] without copying when ``x`` is contiguous."""
     x = np.asarray(x)

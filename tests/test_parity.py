@@ -37,9 +37,9 @@ def record_events(session):
     events = {"births": {}, "removed": set()}
     step = session.loop.step
 
-    def recording(features, det, frame, *args):
+    def recording(pixels, text, frame, *args):
         before = session.objects.max_obj_id
-        out = step(features, det, frame, *args)
+        out = step(pixels, text, frame, *args)
         events["births"].update({o: frame for o in range(before + 1, session.objects.max_obj_id + 1)})
         events["removed"] |= out.removed
         return out

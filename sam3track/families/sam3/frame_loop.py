@@ -3,8 +3,7 @@
 `FrameLoop.step` runs one `Sam3Frame` through phases.run_frame, which fixes the order and what each
 phase may change (documented there once). SAM 3's part of each phase:
 
-1. backbone + grounding: one backbone call, one grounding_head call for all prompts, made by the
-   session before the step (`encode_frame`, `detect`);
+1. backbone + grounding: one backbone call, one grounding_head call for all prompts (`ground`);
 2. propagation: one propagation_decoder call for all tracked objects;
 (each "one call" is one per chunk when a static-shape backend caps the batch: call_sizes.py)
 3. planning: every heuristic decided on host masks and scores (planning.py);
@@ -34,10 +33,6 @@ from .objects import ObjectRegistry
 from .planning import Detections, FramePlan, plan_frame
 
 REMOVED_SCORE = -1e4  # what the reference reports for objects its heuristics removed on this frame
-
-
-def _sigmoid(x: np.ndarray) -> np.ndarray:
-    return (1.0 / (1.0 + np.exp(-x.astype(np.float32)))).astype(np.float32)
 
 
 @dataclass
@@ -122,7 +117,7 @@ class FrameLoop:
             out = b.run(graph, inputs)
             real = {name: b.rows(out[name], 0, chunk.count) for name in ("pred_logits", "presence_logits",
                                                                          "pred_boxes", "pred_masks")}
-            p = _sigmoid(b.to_host(real["pred_logits"])) * _sigmoid(b.to_host(real["presence_logits"]))
+            p = mask_ops.sigmoid(b.to_host(real["pred_logits"])) * mask_ops.sigmoid(b.to_host(real["presence_logits"]))
             probs.append(p)
             boxes.append(b.to_host(real["pred_boxes"]))
             found = [np.flatnonzero(p[k] > cfg.score_threshold_detection) for k in range(chunk.count)]
@@ -284,15 +279,22 @@ class FrameLoop:
             bank.remove_object(obj_id)
 
     # ------------------------------------------------------------------------------- the frame
-    def step(self, features, det: Detections, frame: int, reverse: bool, streaming: bool,
+    def step(self, pixels: np.ndarray, text, frame: int, reverse: bool, streaming: bool,
              num_frames: int | None) -> FrameOutput:
-        """One frame through the shared phases (phases.run_frame); `features` and `det` are phase 1's
-        results, which the session computes (see Sam3Frame.ground)."""
-        return run_frame(Sam3Frame(self, Grounded(features, det), frame, reverse, streaming, num_frames))
+        """One frame through the shared phases (phases.run_frame): `pixels` the frame's model input,
+        `text` the session's TextPrompts (None without text prompts: the tracker alone)."""
+        return run_frame(Sam3Frame(self, pixels, text, frame, reverse, streaming, num_frames))
 
-    def _show_user_objects(self, out: FrameOutput, user: Propagation) -> None:
+    def ground(self, pixels: np.ndarray, text) -> Grounded:
+        """Phase 1: one backbone call, and one grounding_head call for all text prompts (none without)."""
+        features = self.encode_frame(pixels)
+        if text is None:
+            return Grounded(features, Detections.none(self.config.low_res_mask_size))
+        return Grounded(features, self.detect(features, text.pool, text.mask, len(text)))
+
+    def show_user_objects(self, out: FrameOutput, user: Propagation) -> None:
         """User-prompted objects are shown as the tracker outputs them (no hole filling, no heuristics)."""
-        for obj_id, raw, p in zip(user.obj_ids, user.raw, _sigmoid(user.scores)):
+        for obj_id, raw, p in zip(user.obj_ids, user.raw, mask_ops.sigmoid(user.scores)):
             obj = self.objects[obj_id]
             out.masks[obj_id], out.scores[obj_id] = raw, obj.score
             out.tracker_scores[obj_id], out.prompts[obj_id] = float(p), obj.prompt
@@ -360,16 +362,16 @@ class FrameLoop:
         self.encode_memory(features, encoded.obj_ids, frame, encoded.raw, encoded.scores, binarize=True,
                            via_image=True)
         out = FrameOutput(frame, {}, {}, {}, {}, set())
-        self._show_user_objects(out, everything.take([o for o in everything.obj_ids if self.objects[o].interactive]))
+        self.show_user_objects(out, everything.take([o for o in everything.obj_ids if self.objects[o].interactive]))
         detected = everything.take([o for o in everything.obj_ids if not self.objects[o].interactive])
-        for obj_id, raw, p in zip(detected.obj_ids, detected.masks, _sigmoid(detected.scores)):
+        for obj_id, raw, p in zip(detected.obj_ids, detected.masks, mask_ops.sigmoid(detected.scores)):
             obj = self.objects[obj_id]  # text-detected objects as propagation shows them (holes filled)
             out.masks[obj_id], out.scores[obj_id] = raw, obj.score
             out.tracker_scores[obj_id], out.prompts[obj_id] = float(p), obj.prompt
         return out
 
     # ----------------------------------------------------------------------------------- 5. outputs
-    def _output(self, plan: FramePlan, det: Detections, tracked: Propagation, frame: int, old_ids: list[int],
+    def frame_output(self, plan: FramePlan, det: Detections, tracked: Propagation, frame: int, old_ids: list[int],
                 old_prompts: dict[int, int], old_scores: dict[int, float]) -> FrameOutput:
         gone = plan.removed_obj_ids | plan.retired_obj_ids
         # The reference pairs the updated id list (new ids appended, removed ones dropped) with the old
@@ -379,7 +381,7 @@ class FrameLoop:
         masks = {int(o): m for o, m in zip(paired_ids, plan.track_masks)}
         prompts = dict(old_prompts)
         scores = {o: (REMOVED_SCORE if o in gone else s) for o, s in old_scores.items()}
-        tracker = {o: float(p) for o, p in zip(paired_ids, _sigmoid(tracked.scores))}
+        tracker = {o: float(p) for o, p in zip(paired_ids, mask_ops.sigmoid(tracked.scores))}
         if plan.new_obj_ids:
             births = self._fill_holes(det.masks[plan.new_det_inds])
             for obj, m in zip(plan.births, births):
@@ -400,16 +402,15 @@ class Sam3Frame(FramePhases[Grounded, Tracked, FramePlan, FrameOutput]):
     """One SAM 3 frame as the shared phases: each phase is the FrameLoop operation of that name."""
 
     loop: FrameLoop
-    grounded: Grounded
+    pixels: np.ndarray  # the frame's model input
+    text: object  # the session's TextPrompts, or None (clicks and boxes only: the tracker alone)
     frame: int
     reverse: bool
     streaming: bool
     num_frames: int | None
 
     def ground(self) -> Grounded:
-        # The session has run the backbone and the grounding head already (it skips the grounding head
-        # when there is no text prompt), so this phase hands their results on.
-        return self.grounded
+        return self.loop.ground(self.pixels, self.text)
 
     def propagate(self, grounded: Grounded) -> Tracked:
         objects = self.loop.objects
@@ -430,7 +431,7 @@ class Sam3Frame(FramePhases[Grounded, Tracked, FramePlan, FrameOutput]):
         self.loop.execute(grounded.features, plan, grounded.det, tracked.detected, tracked.user, self.frame)
 
     def outputs(self, grounded: Grounded, tracked: Tracked, plan: FramePlan) -> FrameOutput:
-        out = self.loop._output(plan, grounded.det, tracked.detected, self.frame, tracked.detected.obj_ids,
+        out = self.loop.frame_output(plan, grounded.det, tracked.detected, self.frame, tracked.detected.obj_ids,
                                 tracked.prompts, tracked.scores)
-        self.loop._show_user_objects(out, tracked.user)
+        self.loop.show_user_objects(out, tracked.user)
         return out

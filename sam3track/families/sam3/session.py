@@ -17,7 +17,6 @@ from .clicks import ClickBook, use_multimask
 from .frame_loop import ClickRequest, FrameLoop, FrameOutput
 from .memory import MemoryBank
 from .objects import ObjectRegistry, TrackedObject
-from .planning import Detections
 from .text_prompts import TextPrompts
 
 
@@ -203,12 +202,8 @@ class Sam3Session(SessionBase):
         if not self.prompts and not len(self.objects):
             raise PromptError("no prompt in this session; call session.add_prompt(text=...) or add clicks or a box "
                               "first")
-        features = self.loop.encode_frame(to_pixel_values(rgb, self.config))
-        if self.prompts:
-            det = self.loop.detect(features, self.text.pool, self.text.mask, len(self.text))
-        else:  # clicks and boxes only: the tracker alone
-            det = Detections.none(self.config.low_res_mask_size)
-        out = self.loop.step(features, det, index, reverse, streaming, num_frames)
+        text = self.text if self.prompts else None  # clicks and boxes only: the tracker alone
+        out = self.loop.step(to_pixel_values(rgb, self.config), text, index, reverse, streaming, num_frames)
         self.bank.evict(index, reverse, streaming)
         return out
 

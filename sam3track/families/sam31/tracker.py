@@ -27,7 +27,7 @@ import numpy as np
 from ...call_sizes import chunks, fixed_size, pad_rows
 from ...errors import CapacityError, PromptError
 from ...mask_ops import (fill_holes_in_mask_scores, objects_to_suppress_by_recent_occlusion,
-                         suppress_object_pw_area_shrinkage)
+                         sigmoid, suppress_object_pw_area_shrinkage)
 from ...phases import FramePhases, run_frame
 from . import heuristics
 from .clicks import ClickPrompts
@@ -40,10 +40,6 @@ REMOVED_SCORE = -1e4
 POOL_AXES = ("memory_rows", "image_rows", "pointer_rows")
 BUCKET_INPUTS = ("memory_index", "memory_image_index", "memory_slot", "memory_valid", "pointer_index",
                  "pointer_offset", "pointer_valid", "slot_valid")
-
-
-def _sigmoid(x):
-    return (1.0 / (1.0 + np.exp(-np.asarray(x, np.float64)))).astype(np.float32)
 
 
 @dataclass
@@ -452,7 +448,7 @@ class Sam31Tracker(MaskInputs, ClickPrompts):
         candidates: dict[int, int] = {}
         for d in np.flatnonzero(det.keep & assoc.det_high_conf_and_iou):
             candidates[int(prev_ids[assoc.det_to_max_trk[d]])] = int(d)
-        probs = _sigmoid(tracked.scores)
+        probs = sigmoid(tracked.scores, np.float64)
         row = {int(o): i for i, o in enumerate(prev_ids)}
         return {o: d for o, d in candidates.items() if probs[row[o]] > np.float32(heuristics.HIGH_CONF_THRESH)}
 
@@ -476,7 +472,7 @@ class Sam31Tracker(MaskInputs, ClickPrompts):
             self.remove_objects(plan.removed_ids)
         # tracker probabilities of the tracked objects, set last as Meta does: they override the
         # removal score on the removal frame
-        frame_scores.update({int(o): float(p) for o, p in zip(tracked.obj_ids, _sigmoid(tracked.scores))})
+        frame_scores.update({int(o): float(p) for o, p in zip(tracked.obj_ids, sigmoid(tracked.scores, np.float64))})
 
     def outputs(self, frame: int, det: heuristics.Detections, tracked: Sam31Tracked, plan: Sam31FramePlan) -> FrameOut:
         """Meta's build_outputs: the tracked objects (after occlusion suppression; removed ones
