@@ -15,9 +15,22 @@ import sys
 from pathlib import Path
 
 from .comparison import CheckError
+from .onnx_export import missing_dependency_message
 
 
 def main(argv=None) -> int:
+    """The command; a missing export dependency is one error line and exit 2."""
+    try:
+        return _main(argv)
+    except ModuleNotFoundError as exc:
+        message = missing_dependency_message(exc)
+        if message is None:
+            raise
+        print(f"error: {message}", file=sys.stderr)
+        return 2
+
+
+def _main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m graphs.check", description=__doc__.split("\n\n")[0])
     parser.add_argument("bundle", type=Path)
     parser.add_argument("--checkpoint", type=Path, help="the checkpoint the bundle was exported from "

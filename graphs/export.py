@@ -19,11 +19,23 @@ import argparse
 import sys
 from pathlib import Path
 
-from .onnx_export import CheckpointError, ExportError
+from .onnx_export import CheckpointError, ExportError, missing_dependency_message
 from .sam3.export import GRAPHS, export_bundle  # noqa: F401  (export_bundle: SAM 3's, at its old path too)
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv=None) -> int:
+    """The command; a missing export dependency is one error line and exit 2."""
+    try:
+        return _main(argv)
+    except ModuleNotFoundError as exc:
+        message = missing_dependency_message(exc)
+        if message is None:
+            raise
+        print(f"error: {message}", file=sys.stderr)
+        return 2
+
+
+def _main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m graphs.export", description=__doc__.split("\n\n")[0])
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--checkpoint", type=Path, help="local Hugging Face snapshot of facebook/sam3")

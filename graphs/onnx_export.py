@@ -24,6 +24,19 @@ class CheckpointError(Exception):
     """The checkpoint directory cannot be exported; the message says which file and what to do."""
 
 
+# what `pip install -e '.[export]'` adds: a missing one is one line naming the extra, not a traceback
+EXPORT_DEPENDENCIES = ("torch", "transformers", "safetensors", "onnxscript")
+
+
+def missing_dependency_message(exc: ModuleNotFoundError) -> str | None:
+    """The message for an export dependency that is not installed; None for any other missing module."""
+    name = (exc.name or "").split(".")[0]
+    if name not in EXPORT_DEPENDENCIES:
+        return None
+    return (f"{name} is not installed; exporting needs the export extra: pip install -e '.[export]' in a "
+            "sam3track checkout (or pip install 'sam3track[export]')")
+
+
 class ExportError(Exception):
     """An export asked for something it cannot do: the message names the flag or path and what to do."""
 

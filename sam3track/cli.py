@@ -20,6 +20,7 @@ from sam3track.commands import batch, demo, info, track
 from sam3track.commands.common import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_OK, CliError
 from sam3track.commands.demo import demo_clip
 from sam3track.commands.track import run_track
+from sam3track.jobs.geometric import BOX_FORM, POINT_FORM
 
 __all__ = [
     "EXIT_ERROR",
@@ -37,7 +38,23 @@ class _OneLineErrors(argparse.ArgumentParser):
     """Usage mistakes reported like every other user error: one ``error:`` line, exit 2."""
 
     def error(self, message: str) -> NoReturn:
+        for option, form, example in (("--point", POINT_FORM, "0:320,180"), ("--box", BOX_FORM, "0:10,20,200,180")):
+            if message.startswith(f"argument {option}:"):
+                message += f"; {option} takes {form}, e.g. {option} {example}"
         self.exit(EXIT_ERROR, f"error: {message} (see {self.prog} --help)\n")
+
+
+def _join_dashed_values(argv: Sequence[str]) -> list[str]:
+    """``--point -1:10,10`` as ``--point=-1:10,10``: argparse takes a value that starts with '-' for an
+    option and says only "expected one argument"; joined, the value reaches its own check, which says
+    what is wrong with it."""
+    out: list[str] = []
+    for token in argv:
+        if out and out[-1] in ("--point", "--box") and token.startswith("-") and ":" in token:
+            out[-1] = f"{out[-1]}={token}"
+        else:
+            out.append(token)
+    return out
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -66,6 +83,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``sam3track`` command; returns the exit code."""
     parser = build_parser()
+    argv = _join_dashed_values(sys.argv[1:] if argv is None else argv)
     try:
         args = parser.parse_args(argv)
         if args.command == "track" and not args.prompt and not args.geometric:

@@ -18,7 +18,7 @@ from typing import Iterator
 
 import numpy as np
 
-from .errors import ArgumentError, is_whole_number, shown
+from .errors import ArgumentError, shown, whole_number_argument
 from .results import FrameResult
 
 __all__ = ["OfficialPredictor", "RequestError", "REQUEST_FIELDS", "STREAM_REQUEST_FIELDS"]
@@ -26,6 +26,10 @@ __all__ = ["OfficialPredictor", "RequestError", "REQUEST_FIELDS", "STREAM_REQUES
 
 class RequestError(ArgumentError):
     """A request of the official API is malformed: unknown type, missing or bad field, unknown session."""
+
+
+class RequestTypeError(RequestError, TypeError):
+    """A request field of the wrong type (a frame index or id that is not a whole number)."""
 
 
 # Every field the official predictor reads, per request type (required ones first, in REQUIRED).
@@ -99,7 +103,8 @@ class OfficialPredictor:
         limit = request.get("max_frame_num_to_track")
         if start is not None:
             self._check_frame(session, start, "propagate_in_video: start_frame_index")
-        if limit is not None and (not is_whole_number(limit) or limit < 0):
+        what = "propagate_in_video: max_frame_num_to_track"
+        if limit is not None and whole_number_argument(limit, what, RequestTypeError) < 0:
             raise RequestError(f"propagate_in_video: max_frame_num_to_track must be a whole number >= 0 or None, "
                                f"not {shown(limit)}")
         if direction not in ("both", "forward", "backward"):
@@ -176,7 +181,7 @@ class OfficialPredictor:
         points, labels = request.get("points"), request.get("point_labels")
         boxes, box_labels = request.get("bounding_boxes"), request.get("bounding_box_labels")
         obj_id = request.get("obj_id")
-        if obj_id is not None and (not is_whole_number(obj_id) or obj_id < 0):
+        if obj_id is not None and whole_number_argument(obj_id, "add_prompt: obj_id", RequestTypeError) < 0:
             raise RequestError(f"add_prompt: obj_id must be a whole number >= 0, not {shown(obj_id)}")
         rel = request.get("rel_coordinates", True)
         clear = request.get("clear_old_points", True)
@@ -247,7 +252,7 @@ class OfficialPredictor:
     @staticmethod
     def _check_frame(session, frame, what: str) -> None:
         n = session.num_frames
-        if not is_whole_number(frame) or not 0 <= frame < n:
+        if not 0 <= whole_number_argument(frame, what, RequestTypeError) < n:
             raise RequestError(f"{what} {shown(frame)} is out of range: the video has {n} frames (0..{n - 1})")
 
     @staticmethod

@@ -70,3 +70,36 @@ class CapacityError(Sam3TrackError):
 
 class SessionBusyError(Sam3TrackError):
     """A session is asked to do something while one of its propagate() generators is still running."""
+
+
+# A wrong type is also a TypeError, so callers can tell "not a frame index" from "no such frame"
+class ArgumentTypeError(ArgumentError, TypeError):
+    """An argument of an API call is not of the type it takes."""
+
+
+class FrameIndexTypeError(FrameIndexError, TypeError):
+    """A frame index that is not a whole number."""
+
+
+class ObjectIdTypeError(ObjectIdError, TypeError):
+    """An object id that is not a whole number."""
+
+
+class PromptTypeError(PromptError, TypeError):
+    """Points, boxes or labels that are not numbers."""
+
+
+def whole_number_argument(value, name: str, error: type[TypeError] = ArgumentTypeError) -> int:
+    """`value` as an int; else `error` (a TypeError) naming the argument and the type it takes. The one
+    check every public method and the request API make of frame indices, object ids and counts."""
+    if is_whole_number(value):
+        return int(value)
+    raise error(f"{name} must be a whole number (int), not {type(value).__name__} {shown(value)}")
+
+
+def frame_index_argument(value, name: str = "frame index") -> int:
+    return whole_number_argument(value, name, FrameIndexTypeError)
+
+
+def object_id_argument(value, name: str = "obj_id") -> int:
+    return whole_number_argument(value, name, ObjectIdTypeError)

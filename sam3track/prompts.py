@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .errors import PromptError, shown
+from .errors import PromptError, PromptTypeError, shown
 
 POSITIVE, NEGATIVE, BOX_TOP_LEFT, BOX_BOTTOM_RIGHT = 1, 0, 2, 3
 
@@ -35,7 +35,7 @@ def _as_array(value, what: str, where: str) -> np.ndarray:
     try:
         arr = np.asarray(value, dtype=np.float64)
     except (TypeError, ValueError):
-        raise PromptError(f"{where}: {what} {shown(value)} must be numbers") from None
+        raise PromptTypeError(f"{where}: {what} {shown(value)} must be numbers") from None
     if not np.all(np.isfinite(arr)):
         raise PromptError(f"{where}: {what} {shown(value)} contains a value that is not a finite number")
     return arr
@@ -72,7 +72,10 @@ def parse_clicks(points, labels, boxes, height: int, width: int, where: str) -> 
                 lab = lab[None]
             if lab.ndim != 1 or lab.shape[0] != len(coords):
                 raise PromptError(f"{where}: {len(coords)} points need {len(coords)} labels, got {shown(labels)}")
-            if lab.dtype == bool or not all(v in (0, 1) for v in lab.tolist()):
+            if lab.dtype == bool or lab.dtype.kind not in "iuf":  # the values 0 / 1, not True / False or text
+                raise PromptTypeError(f"{where}: labels {shown(labels)} must be whole numbers, each 1 (on the "
+                                      "object) or 0 (not on it)")
+            if not all(v in (0, 1) for v in lab.tolist()):
                 raise PromptError(f"{where}: labels {shown(labels)} must each be 1 (on the object) or 0 (not on it)")
             point_labels = lab.astype(np.int32)
     elif labels is not None:

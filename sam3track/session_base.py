@@ -13,7 +13,8 @@ from collections.abc import Collection
 import numpy as np
 
 from .errors import (ArgumentError, FrameIndexError, ObjectIdError, PromptError, SessionBusyError,
-                     SessionClosedError, VideoError, is_whole_number, shown)
+                     SessionClosedError, VideoError, frame_index_argument, object_id_argument,
+                     shown, whole_number_argument)
 
 DIRECTIONS = ("forward", "backward", "both")
 MIN_FRAME_SIDE = 16  # smaller frames carry nothing to track; refuse them rather than upsample noise
@@ -44,8 +45,8 @@ def check_direction(direction) -> None:
 
 
 def check_max_frames(max_frames) -> None:
-    if max_frames is not None and (not is_whole_number(max_frames) or max_frames < 1):
-        raise ArgumentError(f"max_frames must be a whole number >= 1 or None, not {shown(max_frames)}")
+    if max_frames is not None and whole_number_argument(max_frames, "max_frames") < 1:
+        raise ArgumentError(f"max_frames must be a whole number >= 1 or None, not {max_frames!r}")
 
 
 def clicked_object_id(obj_id, where: str, tracked: Collection[int], max_used: int, max_num_objects: int,
@@ -54,9 +55,8 @@ def clicked_object_id(obj_id, where: str, tracked: Collection[int], max_used: in
     object must fit under max_num_objects; without `reuse_ids`, a new id must be above `max_used`."""
     if obj_id is None:
         obj_id = max_used + 1
-    elif not is_whole_number(obj_id) or obj_id < 0:
-        raise ObjectIdError(f"{where}: obj_id {shown(obj_id)} must be a whole number >= 0 (or None for a new "
-                            "object)")
+    elif object_id_argument(obj_id, f"{where}: obj_id") < 0:
+        raise ObjectIdError(f"{where}: obj_id {obj_id!r} must be a whole number >= 0 (or None for a new object)")
     elif not reuse_ids and obj_id not in tracked and obj_id <= max_used:
         raise ObjectIdError(f"{where}: object {obj_id} is not tracked, and ids are never reused: a new object's "
                             f"id must be above {max_used}, the largest used so far; give obj_id=None "
@@ -121,5 +121,5 @@ class SessionBase:
 
     def _check_frame(self, index, what: str = "frame index") -> None:
         n = self.num_frames
-        if not is_whole_number(index) or not 0 <= index < n:
+        if not 0 <= frame_index_argument(index, what) < n:
             raise FrameIndexError(f"{what} {index!r} is out of range: the video has {n} frames (0..{n - 1})")

@@ -56,11 +56,11 @@ def test_load_needs_a_bundle_path():
 @pytest.mark.parametrize("kwargs, match", [
     ({"max_frames": 0}, "max_frames must be a whole number >= 1"),
     ({"max_frames": -1}, "max_frames must be a whole number >= 1"),
-    ({"max_frames": 2.5}, "max_frames must be a whole number >= 1"),
-    ({"max_frames": True}, "max_frames must be a whole number >= 1"),
+    ({"max_frames": 2.5}, r"max_frames must be a whole number \(int\), not float 2.5"),  # a TypeError (issue 25)
+    ({"max_frames": True}, r"max_frames must be a whole number \(int\), not bool True"),
     ({"direction": "sideways"}, "direction must be one of 'forward', 'backward', 'both', not 'sideways'"),
     ({"direction": None}, "direction must be one of"),
-    ({"start_frame": 1.0}, "start_frame 1.0 is out of range"),
+    ({"start_frame": 1.0}, r"start_frame must be a whole number \(int\), not float 1.0"),
     ({"start_frame": 4}, r"start_frame 4 is out of range: the video has 4 frames \(0..3\)"),
 ])
 def test_propagate_arguments_are_checked_before_any_work(predictor, frames, kwargs, match):
@@ -92,11 +92,21 @@ def test_a_huge_prompt_is_refused_without_echoing_it_whole(predictor, frames):
         assert "tokens long" in message and len(message) < 300
 
 
-@pytest.mark.parametrize("index", [-1, 4, 1.5, "0", None])
+@pytest.mark.parametrize("index", [-1, 4])
 def test_bad_prompt_frames(predictor, frames, index):
     with predictor.start_session(frames) as s:
         with pytest.raises(sam3track.FrameIndexError, match="out of range"):
             s.add_prompt(frame_index=index, text=PROMPT)
+
+
+@pytest.mark.parametrize("index", [1.5, "0", None])
+def test_a_frame_index_of_the_wrong_type_is_a_type_error(predictor, frames, index):
+    """Not "out of range" (issue 25): the argument is named with the type it takes, and the error is both
+    a FrameIndexError and a TypeError."""
+    with predictor.start_session(frames) as s:
+        with pytest.raises(sam3track.FrameIndexError, match=r"must be a whole number \(int\), not") as caught:
+            s.add_prompt(frame_index=index, text=PROMPT)
+        assert isinstance(caught.value, TypeError)
 
 
 def test_unknown_object_ids(predictor, frames):

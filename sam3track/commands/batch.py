@@ -8,11 +8,10 @@ import time
 from pathlib import Path
 from typing import TextIO
 
-from tqdm import tqdm
-
 from sam3track.commands.common import EXIT_ERROR, EXIT_OK, Paragraphs, int_at_least, setting
 from sam3track.jobs.interrupts import exit_code_for
 from sam3track.errors import Sam3TrackError
+from sam3track.progress import progress_bar
 
 EXIT_SOME_FAILED = 1  # the run finished, but at least one video failed (see the ledger)
 
@@ -45,7 +44,7 @@ def run_batch(args: argparse.Namespace, out: TextIO | None = None, err: TextIO |
     started = time.perf_counter()
     try:
         total = len(collect_inputs(args.inputs))
-        bar = tqdm(total=total, desc="videos", unit="video", file=err, dynamic_ncols=True)
+        bar = progress_bar(total, "videos", "video", err, dynamic_ncols=True)
         frames = 0
         results = track_videos(
             args.inputs, args.prompt, args.bundle, args.out, workers=args.workers,

@@ -16,8 +16,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
-from tqdm import tqdm
-
 from sam3track.errors import BundleError, Sam3TrackError, UsageError
 from sam3track.jobs.exit_codes import EXIT_ERROR, EXIT_OK
 from sam3track.jobs.geometric import GeometricOption, PromptCall, check_in_video, group_calls
@@ -30,6 +28,7 @@ from sam3track.jobs.outputs import (
     default_output,
     same_file,
 )
+from sam3track.progress import progress_bar
 from sam3track.render import draw_objects
 from sam3track.sinks import JsonSink, MasksDirSink
 from sam3track.tracking_session import TrackingSession
@@ -315,8 +314,8 @@ def _write_outputs(guard: InterruptGuard, session: TrackingSession, reader: Any,
     started = time.perf_counter()
     try:
         outputs = _open_outputs(job, plan, reader, Path(job.bundle), sinks, written)
-        progress.bar = tqdm(total=plan.stop - plan.start, desc="tracking", unit="frame", file=err,
-                               dynamic_ncols=True, smoothing=0.1)
+        progress.bar = progress_bar(plan.stop - plan.start, "tracking", "frame", err, dynamic_ncols=True,
+                                    smoothing=0.1)
         results = session.propagate(direction="forward", start_frame=plan.start, max_frames=job.max_frames)
         _track_frames(guard, session, reader, pts_offset, plan, results, outputs, progress)
         guard.finish()  # every frame is written: from here on, a signal cannot stop the closing

@@ -7,7 +7,8 @@ from typing import Iterator
 import numpy as np
 
 from ...backends import DeviceTensor
-from ...errors import ArgumentError, FrameIndexError, ObjectIdError, PromptError, VideoError, is_whole_number, shown
+from ...errors import (ArgumentError, FrameIndexError, ObjectIdError, PromptError, VideoError, frame_index_argument,
+                       object_id_argument, shown)
 from ...postprocess import build_result, to_pixel_values
 from ...prompts import parse_clicks
 from ...results import FrameResult
@@ -112,7 +113,7 @@ class Sam3Session(SessionBase):
     def _add_text(self, frame_index, text) -> int:
         if self.source is not None:
             self._check_frame(frame_index)
-        elif not is_whole_number(frame_index) or frame_index < 0:
+        elif frame_index_argument(frame_index) < 0:
             raise FrameIndexError(f"frame index {frame_index!r} must be a whole number >= 0")
         if text is None:
             raise PromptError("add_prompt needs text=, points= or boxes=, e.g. session.add_prompt(frame_index=0, "
@@ -329,7 +330,7 @@ class Sam3Session(SessionBase):
     def remove_object(self, obj_id: int) -> None:
         """Stop tracking an object; its id is never reused. Allowed between frames of a propagate()."""
         self._check_open()
-        if not is_whole_number(obj_id) or obj_id not in self.objects:
+        if object_id_argument(obj_id) not in self.objects:
             raise ObjectIdError(f"object {shown(obj_id)} is not tracked in this session "
                                 f"(tracked: {self.objects.obj_ids})")
         self._forget_object(obj_id)

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ...errors import ObjectIdError, PromptError, VideoError, is_whole_number, shown
+from ...errors import ObjectIdError, PromptError, VideoError, object_id_argument, shown
 from ...postprocess import masks_to_boxes
 from ...prompts import parse_clicks
 from ...results import FrameResult
@@ -492,7 +492,7 @@ class Sam31Session(SessionBase):
         changes what its bucket-mates attend to from now on) and every cached frame."""
         self._check_open()
         self._check_idle("remove_object() was called")
-        if not is_whole_number(obj_id) or int(obj_id) not in self.object_ids:
+        if object_id_argument(obj_id) not in self.object_ids:
             raise ObjectIdError(f"object {shown(obj_id)} is not tracked in this session "
                                 f"(tracked: {self.object_ids})")
         obj_id = int(obj_id)
