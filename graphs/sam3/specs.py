@@ -53,39 +53,29 @@ class Dims:
 
 
 def graph_specs(d: Dims) -> dict[str, GraphSpec]:
-    g, c, cm, l, s = d.grid, d.channels, d.memory_channels, d.mask_size, d.image_size
-    hw = g * g
-    tracker_head = (
+    return {**_detector_specs(d), **_tracker_specs(d)}
+
+
+def _tracker_head(d: Dims) -> tuple[TensorSpec, ...]:
+    """The backbone's tracker levels of one image, as the tracker graphs take them."""
+    g, c = d.grid, d.channels
+    return (
         TensorSpec("tracker_feat_s0", "float32", (1, c // 8, 4 * g, 4 * g)),
         TensorSpec("tracker_feat_s1", "float32", (1, c // 4, 2 * g, 2 * g)),
         TensorSpec("tracker_feat", "float32", (1, c, g, g)),
     )
+
+
+def _batched(specs, axis="images"):
+    return tuple(TensorSpec(t.name, t.dtype, (axis,) + t.shape[1:]) for t in specs)
+
+
+def _detector_specs(d: Dims) -> dict[str, GraphSpec]:
+    """text_encoder, backbone and grounding_head."""
+    g, c, l, s = d.grid, d.channels, d.mask_size, d.image_size
     detector_head = tuple(
         TensorSpec(f"detector_fpn{i}", "float32", (1, c, (4 >> i) * g, (4 >> i) * g)) for i in range(3)
     )
-
-    memory_inputs = (
-        TensorSpec("memory_pool", "float32", ("memory_rows", hw, cm)),
-        TensorSpec("memory_index", "int32", ("objects", "memories")),
-        TensorSpec("memory_slot", "int32", ("objects", "memories")),
-        TensorSpec("memory_valid", "float32", ("objects", "memories")),
-        TensorSpec("pointer_pool", "float32", ("pointer_rows", c)),
-        TensorSpec("pointer_index", "int32", ("objects", "pointers")),
-        TensorSpec("pointer_offset", "float32", ("objects", "pointers")),
-        TensorSpec("pointer_valid", "float32", ("objects", "pointers")),
-    )
-
-    def decoder_outputs(num_masks):
-        return (
-            TensorSpec("low_res_masks", "float32", ("objects", 1, l, l)),
-            TensorSpec("iou_scores", "float32", ("objects", num_masks)),
-            TensorSpec("object_score_logits", "float32", ("objects", 1)),
-            TensorSpec("object_pointer", "float32", ("objects", c)),
-        )
-
-    def batched(specs, axis="images"):
-        return tuple(TensorSpec(t.name, t.dtype, (axis,) + t.shape[1:]) for t in specs)
-
     return {
         "text_encoder": GraphSpec(
             "text_encoder", modules.TextEncoder,
@@ -96,7 +86,7 @@ def graph_specs(d: Dims) -> dict[str, GraphSpec]:
         "backbone": GraphSpec(
             "backbone", modules.Backbone,
             inputs=(TensorSpec("pixel_values", "float32", ("images", 3, s, s)),),
-            outputs=batched(detector_head) + batched(tracker_head),
+            outputs=_batched(detector_head) + _batched(_tracker_head(d)),
         ),
         "grounding_head": GraphSpec(
             "grounding_head", modules.GroundingHead,
@@ -111,10 +101,43 @@ def graph_specs(d: Dims) -> dict[str, GraphSpec]:
                 TensorSpec("pred_masks", "float32", ("prompts", d.num_queries, l, l)),
             ),
         ),
+    }
+
+
+def _memory_inputs(d: Dims) -> tuple[TensorSpec, ...]:
+    """The memory pools and each object's padded indices into them, as both decoders take them."""
+    hw, c, cm = d.grid * d.grid, d.channels, d.memory_channels
+    return (
+        TensorSpec("memory_pool", "float32", ("memory_rows", hw, cm)),
+        TensorSpec("memory_index", "int32", ("objects", "memories")),
+        TensorSpec("memory_slot", "int32", ("objects", "memories")),
+        TensorSpec("memory_valid", "float32", ("objects", "memories")),
+        TensorSpec("pointer_pool", "float32", ("pointer_rows", c)),
+        TensorSpec("pointer_index", "int32", ("objects", "pointers")),
+        TensorSpec("pointer_offset", "float32", ("objects", "pointers")),
+        TensorSpec("pointer_valid", "float32", ("objects", "pointers")),
+    )
+
+
+def _decoder_outputs(d: Dims, num_masks: int) -> tuple[TensorSpec, ...]:
+    l = d.mask_size
+    return (
+        TensorSpec("low_res_masks", "float32", ("objects", 1, l, l)),
+        TensorSpec("iou_scores", "float32", ("objects", num_masks)),
+        TensorSpec("object_score_logits", "float32", ("objects", 1)),
+        TensorSpec("object_pointer", "float32", ("objects", d.channels)),
+    )
+
+
+def _tracker_specs(d: Dims) -> dict[str, GraphSpec]:
+    """propagation_decoder, interactive_decoder, memory_encoder and mask_init."""
+    c, l, hw = d.channels, d.mask_size, d.grid * d.grid
+    tracker_head, memory_inputs = _tracker_head(d), _memory_inputs(d)
+    return {
         "propagation_decoder": GraphSpec(
             "propagation_decoder", modules.PropagationDecoder,
             inputs=tracker_head + memory_inputs,
-            outputs=decoder_outputs(d.num_masks),
+            outputs=_decoder_outputs(d, d.num_masks),
         ),
         "interactive_decoder": GraphSpec(
             "interactive_decoder", modules.InteractiveDecoder,
@@ -124,7 +147,7 @@ def graph_specs(d: Dims) -> dict[str, GraphSpec]:
                 TensorSpec("point_labels", "int32", ("objects", "points")),
                 TensorSpec("multimask", "float32", ("objects",)),
             ),
-            outputs=decoder_outputs(d.num_multimask_outputs),
+            outputs=_decoder_outputs(d, d.num_multimask_outputs),
         ),
         "memory_encoder": GraphSpec(
             "memory_encoder", modules.MemoryEncoder,
@@ -135,7 +158,7 @@ def graph_specs(d: Dims) -> dict[str, GraphSpec]:
                 TensorSpec("binarize", "float32", ("objects",)),
                 TensorSpec("via_image", "float32", ("objects",)),
             ),
-            outputs=(TensorSpec("maskmem_features", "float32", ("objects", hw, cm)),),
+            outputs=(TensorSpec("maskmem_features", "float32", ("objects", hw, d.memory_channels)),),
         ),
         "mask_init": GraphSpec(
             "mask_init", modules.MaskInit,
