@@ -149,8 +149,10 @@ def test_parity_on_a_synthetic_clip(tiny_bundle):
         "AVX-512 CPUs."))),
     pytest.param("plain", marks=rounding_xfail(
         "on an AVX2 CPU (AMD EPYC, no AVX-512) ONNX Runtime's fp32 kernels round the plain export differently "
-        "too: tie pixels flip and the masks drift as with fused attention (measured IoU mean 0.974 < 0.99)",
-        diverges_on=("avx2",))),
+        "too: tie pixels flip and the masks drift as with fused attention (measured IoU mean 0.974 < 0.99); "
+        "on AMD Zen 4 (AVX512-BF16) with one thread per pool, as CI's two workers run, the same (raw IoU mean "
+        "0.982, ids equal; with two threads it matches)",
+        diverges_on=("avx2", "avx512-bf16/1-thread"))),
 ])
 def test_parity_on_a_synthetic_clip_at_the_bundle_threshold(tiny_bundle, tiny_plain_bundle, attention):
     """The same clip at the bundle's own new_det_thresh (0.5; hotstart removal off, as above).
