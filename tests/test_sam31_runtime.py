@@ -385,7 +385,7 @@ def _checked_plan(plans: list):
     from sam3track.families.sam31.tracker import Sam31Tracker
 
     def host_state(t):
-        return pickle.dumps((t.meta, t.obj_id_to_score, t.sam2_scores,
+        return pickle.dumps((t.tracks, t.obj_id_to_score, t.frame_tracker_probs,
                              [(s.registry, s.frames, s.tracked) for s in t.states]))
 
     class NoDevice:
@@ -427,7 +427,7 @@ def test_planning_changes_nothing(hotstart_replay):
     checks run inside the replay, _checked_plan); execution then applies what it decided."""
     *_, session, plans = hotstart_replay
     assert any(p.removed_ids for p in plans) and any(p.new_ids.size for p in plans)
-    assert session.tracker.meta is plans[-1].meta  # the last frame's metadata, installed
+    assert session.tracker.tracks is plans[-1].tracks  # the last frame's metadata, installed
 
 
 @pytest.fixture(scope="module")

@@ -105,7 +105,3 @@ class ObjectRegistry:
     def detector_view(self) -> "ObjectRegistry":
         """The objects the detector's heuristics manage (not interactive), sharing the id counter."""
         return ObjectRegistry({o: obj for o, obj in self.objects.items() if not obj.interactive}, self.max_obj_id)
-
-    def prompt_of(self, obj_id: int, default: int = -1) -> int:
-        obj = self.objects.get(obj_id)
-        return obj.prompt if obj is not None else default

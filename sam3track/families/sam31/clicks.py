@@ -26,7 +26,7 @@ class ClickPrompts:
         state = TrackerState(BucketRegistry.for_objects([obj_id], self.config.multiplex_count))
         self.states.append(state)
         mask = self._apply_clicks(state, frame, features, obj_id, coords, labels)
-        self.meta.append(np.asarray([obj_id], np.int64), frame, self.config.init_trk_keep_alive)
+        self.tracks.append(np.asarray([obj_id], np.int64), frame, self.config.init_trk_keep_alive)
         self._score_user_object(frame, obj_id)
         return mask
 
@@ -67,17 +67,17 @@ class ClickPrompts:
             coords, labels = np.concatenate([old[0], coords]), np.concatenate([old[1], labels])
         mask = self._apply_clicks(state, frame, features, obj_id, coords, labels)
         self._score_user_object(frame, obj_id)
-        meta = self.meta
+        tracks = self.tracks
         if self.config.masklet_confirmation_enable:
-            i = int(np.flatnonzero(meta.obj_ids == obj_id)[0])
+            i = int(np.flatnonzero(tracks.obj_ids == obj_id)[0])
             # Meta writes status 1 here, which is UNCONFIRMED (its comment says it confirms the object)
-            meta.status[i] = heuristics.UNCONFIRMED
-            meta.consecutive_det[i] = self.config.masklet_confirmation_consecutive_det_thresh
+            tracks.status[i] = heuristics.UNCONFIRMED
+            tracks.consecutive_det[i] = self.config.masklet_confirmation_consecutive_det_thresh
         return mask
 
     def _score_user_object(self, frame: int, obj_id: int) -> None:
         self.obj_id_to_score[obj_id] = 1.0  # Meta scores user-prompted objects 1.0
-        self.sam2_scores.setdefault(frame, {})[obj_id] = 1.0
+        self.frame_tracker_probs.setdefault(frame, {})[obj_id] = 1.0
 
     def _extract_to_singleton(self, source: TrackerState, obj_id: int) -> TrackerState:
         """Meta's _extract_object_to_singleton_state: a new state holding only `obj_id`, with its

@@ -234,7 +234,7 @@ def _iou(a, b):
 
 
 @dataclass
-class TrackMeta:
+class TrackTable:
     """Meta's position-indexed per-track metadata (gpu_metadata), in obj_ids order, plus the
     per-object bookkeeping of tracker_metadata."""
 
@@ -273,45 +273,45 @@ class TrackMeta:
             self.max_obj_id = max(self.max_obj_id, int(obj_ids.max()))
 
 
-def hotstart(frame: int, reverse: bool, assoc: Association, meta: TrackMeta, config) -> np.ndarray:
-    """Meta's _process_hotstart_gpu: updates meta in place, returns to_remove bool [M]."""
+def hotstart(frame: int, reverse: bool, assoc: Association, tracks: TrackTable, config) -> np.ndarray:
+    """Meta's _process_hotstart_gpu: updates tracks in place, returns to_remove bool [M]."""
     matched = assoc.im_mask.any(0)
-    ka = np.where(matched, meta.keep_alive + 1, meta.keep_alive - 1)
+    ka = np.where(matched, tracks.keep_alive + 1, tracks.keep_alive - 1)
     ka = np.clip(ka, config.min_trk_keep_alive, config.max_trk_keep_alive)
     if config.decrease_trk_keep_alive_for_empty_masklets:
         ka = np.where(~assoc.trk_is_nonempty, np.maximum(ka - 1, config.min_trk_keep_alive), ka)
-    meta.keep_alive = ka
-    meta.unmatch_count = np.where(assoc.trk_is_unmatched, meta.unmatch_count + 1, meta.unmatch_count)
+    tracks.keep_alive = ka
+    tracks.unmatch_count = np.where(assoc.trk_is_unmatched, tracks.unmatch_count + 1, tracks.unmatch_count)
     multi = assoc.im_mask & (assoc.im_mask.sum(1) > 1)[:, None]
     inc = np.einsum("di,dj->ij", multi.astype(np.int64), multi.astype(np.int64))
-    meta.overlap = meta.overlap + np.triu(inc, 1)
+    tracks.overlap = tracks.overlap + np.triu(inc, 1)
     diff = frame + config.hotstart_delay if reverse else frame - config.hotstart_delay
-    within = meta.first_frame < diff if reverse else meta.first_frame > diff
-    by_unmatch = within & (meta.unmatch_count >= config.hotstart_unmatch_thresh) & ~meta.removed
-    ff = meta.first_frame
+    within = tracks.first_frame < diff if reverse else tracks.first_frame > diff
+    by_unmatch = within & (tracks.unmatch_count >= config.hotstart_unmatch_thresh) & ~tracks.removed
+    ff = tracks.first_frame
     earlier = ff[:, None] > ff[None, :] if reverse else ff[:, None] < ff[None, :]
     to_remove = by_unmatch
     if ff.size:
-        worst = np.where(earlier, meta.overlap, 0).max(0)
-        to_remove = by_unmatch | (within & (worst >= config.hotstart_dup_thresh) & ~meta.removed)
+        worst = np.where(earlier, tracks.overlap, 0).max(0)
+        to_remove = by_unmatch | (within & (worst >= config.hotstart_dup_thresh) & ~tracks.removed)
     # Meta computes a keep-alive suppression here (keep_alive <= 0) that nothing reads.
-    meta.removed = meta.removed | to_remove
+    tracks.removed = tracks.removed | to_remove
     return to_remove
 
 
-def update_confirmation(meta: TrackMeta, prev_ids: np.ndarray, prev_status: np.ndarray, prev_consecutive: np.ndarray,
+def update_confirmation(tracks: TrackTable, prev_ids: np.ndarray, prev_status: np.ndarray, prev_consecutive: np.ndarray,
                         matched_obj_ids: set[int], config) -> None:
     """Meta's update_masklet_confirmation_status over the updated obj_ids."""
-    n = meta.obj_ids.size
+    n = tracks.obj_ids.size
     status = np.full(n, UNCONFIRMED, np.int64)
     consecutive = np.zeros(n, np.int64)
     where = {int(o): i for i, o in enumerate(prev_ids)}
-    for i, o in enumerate(meta.obj_ids):
+    for i, o in enumerate(tracks.obj_ids):
         j = where.get(int(o))
         if j is not None:
             status[i], consecutive[i] = prev_status[j], prev_consecutive[j]
-    for i, o in enumerate(meta.obj_ids):
+    for i, o in enumerate(tracks.obj_ids):
         consecutive[i] = consecutive[i] + 1 if int(o) in matched_obj_ids else 0
         if consecutive[i] >= config.masklet_confirmation_consecutive_det_thresh:
             status[i] = CONFIRMED
-    meta.status, meta.consecutive_det = status, consecutive
+    tracks.status, tracks.consecutive_det = status, consecutive

@@ -310,7 +310,7 @@ class Sam31Session(SessionBase):
         h, w = self.source.height, self.source.width
         click = parse_clicks(points, labels, None, h, w, where)
         t = self.tracker
-        obj_id, new = clicked_object_id(obj_id, where, t.obj_ids, t.meta.max_obj_id, self.config.max_num_objects,
+        obj_id, new = clicked_object_id(obj_id, where, t.obj_ids, t.tracks.max_obj_id, self.config.max_num_objects,
                                         reuse_ids=True)
         refine = not new
         cfg = self.config
@@ -349,7 +349,7 @@ class Sam31Session(SessionBase):
         if not ids:
             return FrameResult.empty(frame, h, w)
         masks = np.stack([obj_id_to_mask[o] for o in ids])
-        frame_scores = self.tracker.sam2_scores.get(frame, {})
+        frame_scores = self.tracker.frame_tracker_probs.get(frame, {})
         scores = self.tracker.obj_id_to_score if scores is None else scores
         probs = np.asarray([scores[o] for o in ids], np.float32)
         tracker_probs = np.asarray([frame_scores.get(o, 0.0) for o in ids], np.float32)
@@ -462,7 +462,7 @@ class Sam31Session(SessionBase):
             features = t.encode(pixel_values(self.source.read(frame), self.config), round_levels=False)
             refined = t.propagate_objects(frame, reverse, self.num_frames, features, obj_ids)
             t.evict(frame, reverse, self.num_frames, pinned, obj_ids)
-            scores = t.sam2_scores.setdefault(frame, {})
+            scores = t.frame_tracker_probs.setdefault(frame, {})
             for o, (score, _) in refined.items():
                 scores[o] = score
             if frame in self.cached:
@@ -498,8 +498,8 @@ class Sam31Session(SessionBase):
         obj_id = int(obj_id)
         t = self.tracker
         t.remove_objects([obj_id])
-        keep = t.meta.obj_ids != obj_id
-        t.meta.keep_rows(keep)
+        keep = t.tracks.obj_ids != obj_id
+        t.tracks.keep_rows(keep)
         t.obj_id_to_score.pop(obj_id, None)
         for frame_cache in self.cached.values():
             frame_cache.pop(obj_id, None)

@@ -77,7 +77,7 @@ class Sam31FramePlan:
     removed_ids: set[int]  # removed by the hotstart rule
     unconfirmed: list[int]
     dropped: int  # new detections over max_num_objects
-    meta: heuristics.TrackMeta  # the metadata after this frame (hotstart counters, rows, confirmation)
+    tracks: heuristics.TrackTable  # the metadata after this frame (hotstart counters, rows, confirmation)
     scores: dict[int, float]  # obj_id_to_score entries this frame sets: new objects, removed ones
     recondition: dict[int, int]  # tracked obj_id -> the detection that reconditions it (Meta's dict order)
 
@@ -118,14 +118,14 @@ class Sam31Tracker(MaskInputs, ClickPrompts):
                 for record in state.records():
                     self.memory.release_record(record)
         self.states: list[TrackerState] = []
-        self.meta = heuristics.TrackMeta()
+        self.tracks = heuristics.TrackTable()
         self.obj_id_to_score: dict[int, float] = {}
-        self.sam2_scores: dict[int, dict[int, float]] = {}  # frame -> obj_id -> tracker probability
+        self.frame_tracker_probs: dict[int, dict[int, float]] = {}  # frame -> obj_id -> tracker probability
         self.text = None  # (features host [1, T, D], mask int32 [1, T])
 
     @property
     def obj_ids(self) -> list[int]:
-        return [int(o) for o in self.meta.obj_ids]
+        return [int(o) for o in self.tracks.obj_ids]
 
     def close(self) -> None:
         self.reset()
@@ -252,8 +252,8 @@ class Sam31Tracker(MaskInputs, ClickPrompts):
             self.memory.evict(states, frame, reverse, cfg.num_maskmem, min(num_frames, cfg.max_obj_ptrs_in_encoder),
                               pinned, forget=stream)
         if stream:
-            for old in [f for f in self.sam2_scores if f < frame]:
-                del self.sam2_scores[old]
+            for old in [f for f in self.frame_tracker_probs if f < frame]:
+                del self.frame_tracker_probs[old]
 
     # --------------------------------------------------------------------------------- memories
     def _encode(self, features: dict, items: list[tuple[TrackerState, FrameRecord, dict[int, np.ndarray]]]) -> None:
@@ -383,10 +383,10 @@ class Sam31Tracker(MaskInputs, ClickPrompts):
         metadata that `execute` installs. Meta also encodes the tracked objects' memories in this phase;
         here `execute` does, first, so the graph calls keep Meta's order (memories, then births)."""
         cfg = self.config
-        meta = copy.deepcopy(self.meta)  # hotstart and the bookkeeping update it in place
-        prev_ids = meta.obj_ids.copy()
+        tracks = copy.deepcopy(self.tracks)  # hotstart and the bookkeeping update it in place
+        prev_ids = tracks.obj_ids.copy()
         assoc = heuristics.associate(det, tracked.masks, cfg)
-        to_remove = heuristics.hotstart(frame, reverse, assoc, meta, cfg)
+        to_remove = heuristics.hotstart(frame, reverse, assoc, tracks, cfg)
         recondition = self._recondition_plan(frame, det, tracked, assoc, prev_ids)
         trk_masks = tracked.masks
         if recondition:
@@ -399,13 +399,13 @@ class Sam31Tracker(MaskInputs, ClickPrompts):
             merged = np.where((new > 0) == (old > 0), old, new)
             trk_masks[rows] = fill_holes_in_mask_scores(merged, cfg.fill_hole_area)
         if prev_ids.size and cfg.suppress_overlapping_based_on_recent_occlusion_threshold > 0.0:
-            last = np.where(to_remove, heuristics.ALWAYS_OCCLUDED, meta.last_occluded)
+            last = np.where(to_remove, heuristics.ALWAYS_OCCLUDED, tracks.last_occluded)
             binary = trk_masks > 0
             suppress = objects_to_suppress_by_recent_occlusion(
                 binary, last, cfg.suppress_overlapping_based_on_recent_occlusion_threshold, reverse) \
                 if prev_ids.size > 1 else np.zeros(prev_ids.size, bool)
             occluded = ~binary.reshape(prev_ids.size, -1).any(1) | suppress
-            meta.last_occluded = np.where(occluded, frame, last)
+            tracks.last_occluded = np.where(occluded, frame, last)
             trk_masks = np.where(suppress[:, None, None], np.float32(-10.0), trk_masks)
         new_inds = np.flatnonzero(assoc.is_new_det)
         dropped = 0
@@ -416,13 +416,13 @@ class Sam31Tracker(MaskInputs, ClickPrompts):
                 new_inds = new_inds[:0]
             elif room < new_inds.size:  # the top-scoring ones, in descending score order
                 new_inds = new_inds[np.argsort(det.scores[new_inds], kind="stable")[::-1][:room]]
-        new_ids = np.arange(meta.max_obj_id + 1, meta.max_obj_id + 1 + new_inds.size, dtype=np.int64)
+        new_ids = np.arange(tracks.max_obj_id + 1, tracks.max_obj_id + 1 + new_inds.size, dtype=np.int64)
         removed_ids = set(int(o) for o in prev_ids[to_remove])
         matched = assoc.det_to_matched_trk_obj_ids(det, prev_ids)
         # metadata: the removed rows go, the new ones are appended (Meta's order)
-        prev_status, prev_consecutive = meta.status, meta.consecutive_det
-        meta.keep_rows(~to_remove)
-        meta.append(new_ids, frame, cfg.init_trk_keep_alive)
+        prev_status, prev_consecutive = tracks.status, tracks.consecutive_det
+        tracks.keep_rows(~to_remove)
+        tracks.append(new_ids, frame, cfg.init_trk_keep_alive)
         scores = {int(o): float(det.scores[i]) for o, i in zip(new_ids, new_inds)}
         scores.update({o: REMOVED_SCORE for o in removed_ids})
         unconfirmed = []
@@ -430,9 +430,9 @@ class Sam31Tracker(MaskInputs, ClickPrompts):
             hit = set(int(o) for o in new_ids)
             for ids in matched.values():
                 hit.update(int(o) for o in ids)
-            heuristics.update_confirmation(meta, prev_ids, prev_status, prev_consecutive, hit, cfg)
-            unconfirmed = [int(o) for o in meta.obj_ids[meta.status == heuristics.UNCONFIRMED]]
-        return Sam31FramePlan(trk_masks, new_inds, new_ids, removed_ids, unconfirmed, dropped, meta, scores,
+            heuristics.update_confirmation(tracks, prev_ids, prev_status, prev_consecutive, hit, cfg)
+            unconfirmed = [int(o) for o in tracks.obj_ids[tracks.status == heuristics.UNCONFIRMED]]
+        return Sam31FramePlan(trk_masks, new_inds, new_ids, removed_ids, unconfirmed, dropped, tracks, scores,
                          recondition)
 
     def _recondition_plan(self, frame: int, det: heuristics.Detections, tracked: Sam31Tracked,
@@ -462,9 +462,9 @@ class Sam31Tracker(MaskInputs, ClickPrompts):
             self.recondition(frame, features, det, plan.recondition)
         if tracked.obj_ids.size:
             self.update_memories(frame, features, tracked.obj_ids, plan.track_masks)
-        self.meta = plan.meta
+        self.tracks = plan.tracks
         self.obj_id_to_score.update(plan.scores)
-        frame_scores = self.sam2_scores.setdefault(frame, {})
+        frame_scores = self.frame_tracker_probs.setdefault(frame, {})
         frame_scores.update(plan.scores)
         if plan.new_ids.size:
             self.add_objects(frame, features, [int(o) for o in plan.new_ids], det.masks[plan.new_inds])
@@ -485,7 +485,7 @@ class Sam31Tracker(MaskInputs, ClickPrompts):
         if plan.new_ids.size:
             video = bilinear(det.masks[plan.new_inds], h, w) > 0
             masks.update({int(o): video[i] for i, o in enumerate(plan.new_ids)})
-        stats = {"num_obj_tracked": int(self.meta.obj_ids.size), "num_obj_dropped": int(plan.dropped)}
+        stats = {"num_obj_tracked": int(self.tracks.obj_ids.size), "num_obj_dropped": int(plan.dropped)}
         return FrameOut(frame, masks, plan.unconfirmed, plan.removed_ids, stats, dict(self.obj_id_to_score))
 
 
@@ -508,7 +508,7 @@ class Sam31Frame(FramePhases[Sam31Grounded, Sam31Tracked, Sam31FramePlan, FrameO
     def propagate(self, grounded: Sam31Grounded) -> Sam31Tracked:
         t = self.tracker
         tracked = Sam31Tracked(*t.propagate(self.frame, self.reverse, self.num_frames, grounded.features))
-        assert np.array_equal(tracked.obj_ids, t.meta.obj_ids), (tracked.obj_ids, t.meta.obj_ids)
+        assert np.array_equal(tracked.obj_ids, t.tracks.obj_ids), (tracked.obj_ids, t.tracks.obj_ids)
         return tracked
 
     def plan(self, grounded: Sam31Grounded, tracked: Sam31Tracked) -> Sam31FramePlan:
