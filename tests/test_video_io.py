@@ -13,6 +13,7 @@ import cv2
 import numpy as np
 import pytest
 
+import sam3track.video.frame_index as frame_index
 from sam3track.errors import FrameIndexError, VideoError
 from sam3track.video import (
     MaskVideoWriter,
@@ -422,15 +423,26 @@ def _remux_bikes(path: Path, count: int, **open_args: object) -> None:
             out.mux(packet)
 
 
-def test_truncated_video_says_so(tmp_path: Path) -> None:
+def test_truncated_video_says_so(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     whole = tmp_path / "whole.mp4"
     _remux_bikes(whole, 250, options={"movflags": "faststart"})  # index first, like downloads
     cut = tmp_path / "cut_download.mp4"
     cut.write_bytes(whole.read_bytes()[: whole.stat().st_size // 2])
-    with open_video(cut) as r:
-        assert len(r) == 250  # the header still promises every frame
-        with pytest.raises(VideoError, match="cut_download.mp4.*ends before frame 240"):
-            r.read(240)
+    ends = []
+    # One decoder thread rejects the cut, partial packet; frame threads drop what is in flight
+    # with it. The frames read, and the error after them, must not depend on which.
+    for threads in (1, 4):
+        monkeypatch.setattr(frame_index, "DECODER_THREADS", threads)
+        with open_video(cut) as r:
+            assert len(r) == 250  # the header still promises every frame
+            with pytest.raises(VideoError, match="cut_download.mp4.*ends before frame 240"):
+                r.read(240)
+            read = []
+            with pytest.raises(VideoError, match="ends before frame") as e:
+                read.extend(f.index for f in r.frames())
+            ends.append((len(read), str(e.value)))
+    assert ends[0] == ends[1]
+    assert ends[0][0] > 100 and f"ends before frame {ends[0][0]} " in ends[0][1]
 
 
 def test_raw_h264_without_timestamps(tmp_path: Path) -> None:

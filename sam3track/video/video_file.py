@@ -16,38 +16,51 @@ import av
 import numpy as np
 
 from sam3track.errors import VideoError
-from sam3track.video.random_access import (
-    DecodeCursor,
-    PacketIndex,
-    build_packet_index,
-    count_packets,
-)
+from sam3track.video.frame_index import FrameIndex, count_packets, keep_decoded, scan_packets
+from sam3track.video.random_access import DecodeCursor
 from sam3track.video.source import DEFAULT_FPS, DecodedFrame, SizedSource
 
 
 class VideoReader(SizedSource):
-    """A video file decoded lazily with PyAV; only the first video stream is used."""
+    """A video file decoded lazily with PyAV; only the first video stream is used.
+
+    Its frames are those a plain PyAV decode yields, numbered in presentation order (see
+    :mod:`~sam3track.video.frame_index`), except that a file cut short keeps the count its
+    header promised and says it is truncated when a frame past the cut is asked for.
+    """
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = Path(path)
         self.name = str(self.path)
         self._closed = False
         self._cursor: DecodeCursor | None = None
-        self._index: PacketIndex | None = None
-        self._index_built = False
         self._first: np.ndarray | None = None
-        if not self.path.exists():
-            raise VideoError(f"video file not found: {self.name}; check the path")
-        if self.path.is_dir():
-            raise VideoError(
-                f"{self.name} is a directory; use open_image_folder() for a folder of frames"
-            )
-        if not self.path.is_file():
-            # A FIFO or a device would block FFmpeg's probing forever, or be read only once
-            # when the reader needs to open the file several times (probe, index, decode).
-            raise VideoError(
-                f"{self.name} is not a regular file; pass a video file or a folder of images"
-            )
+        _check_is_file(self.path)
+        declared, codec_name = self._probe()
+        try:
+            self._index = self._index_frames()
+        except VideoError as e:
+            raise _undecodable(self.name, codec_name, e) from e
+        self._num_frames = self._count_frames(declared)
+        if self._num_frames == 0:
+            raise VideoError(f"{self.name} has a video stream but no frames; pass another file")
+        if self._time_base is None:
+            self._time_base = 1 / self.frame_rate
+        # Decode frame 0 now so a file that cannot be decoded fails here, with its name, rather
+        # than deep inside tracking. The cursor stays positioned, so read(0) afterwards is free.
+        self._cursor = DecodeCursor(self)
+        try:
+            frame = self._cursor.frame_at(0)
+        except VideoError as e:
+            self.close()
+            raise _undecodable(self.name, codec_name, e) from e
+        self._first = self._to_rgb(frame, 0)
+        if self._first.shape[:2] != (self._height, self._width):
+            # Trust the decoded frame over the header (some files lie about the size).
+            self._height, self._width = self._first.shape[:2]
+
+    def _probe(self) -> tuple[int, str]:
+        """Read the header: stream, size, timing. Returns its frame count (0: none) and codec."""
         container = self.open_container()
         try:
             streams = container.streams.video
@@ -68,34 +81,29 @@ class VideoReader(SizedSource):
             self._height = int(stream.codec_context.height)
             self._time_base = Fraction(stream.time_base) if stream.time_base else None
             self._avg_rate = Fraction(stream.average_rate) if stream.average_rate else None
-            declared = int(stream.frames or 0)
-            codec_name = stream.codec_context.name
+            return int(stream.frames or 0), stream.codec_context.name
         finally:
             container.close()
 
-        # stream.frames comes from the container header; formats without one (mkv, webm,
-        # some avi) report 0, so count packets instead (demux only, no decoding).
-        self._num_frames = declared if declared > 0 else self.packet_index_count()
-        if self._num_frames == 0:
-            raise VideoError(f"{self.name} has a video stream but no frames; pass another file")
-        if self._time_base is None:
-            self._time_base = 1 / self.frame_rate
-
-        # Decode frame 0 now so a file that cannot be decoded fails here, with its name, rather
-        # than deep inside tracking. The cursor stays positioned, so read(0) afterwards is free.
-        self._cursor = DecodeCursor(self)
+    def _index_frames(self) -> FrameIndex | None:
+        """One demux pass, then a decode of the first picture and the last GOP (frame_index)."""
         try:
-            frame = self._cursor.frame_at(0)
-        except VideoError as e:
-            self.close()
-            raise VideoError(
-                f"{self.name}: cannot decode the first frame of its {codec_name} video stream "
-                f"({e}); re-encode it to H.264 (ffmpeg -i in -c:v libx264 out.mp4)"
-            ) from e
-        self._first = self._to_rgb(frame, 0)
-        if self._first.shape[:2] != (self._height, self._width):
-            # Trust the decoded frame over the header (some files lie about the size).
-            self._height, self._width = self._first.shape[:2]
+            index = scan_packets(self.name, self.stream_index)
+            if index is None:
+                return None
+            return keep_decoded(index, self.open_container, self.stream_index)
+        except av.error.FFmpegError as e:
+            raise VideoError(f"{self.name}: cannot read it ({e})") from e
+
+    def _count_frames(self, declared: int) -> int:
+        index = self._index
+        if index is None:  # no pts to index by: the header's count, else one per packet
+            return declared if declared > 0 else count_packets(self.name, self.stream_index)
+        if declared > index.packets:
+            # The header lists packets the file no longer holds: a cut download. Keep its
+            # count, so the frames past the cut say so when asked for.
+            return declared - index.hidden
+        return len(index.pts)
 
     # -- opening ----------------------------------------------------------------------------
 
@@ -108,22 +116,10 @@ class VideoReader(SizedSource):
                 f"or a folder of images"
             ) from e
 
-    def built_index(self) -> PacketIndex | None:
-        """The packet index if already built (no demux pass here), else None."""
+    def frame_index(self) -> FrameIndex | None:
+        """Every frame's pts and the keyframes; None when the file's pts cannot tell its
+        frames apart (then they are numbered in the order the decoder gives them)."""
         return self._index
-
-    def packet_index(self) -> PacketIndex | None:
-        """The packet index, built by one demux pass on first use; None when packets carry no pts."""
-        if not self._index_built:
-            self._index = build_packet_index(self.name, self.stream_index)
-            self._index_built = True
-        return self._index
-
-    def packet_index_count(self) -> int:
-        index = self.packet_index()
-        if index is not None:
-            return len(index.pts)
-        return count_packets(self.name, self.stream_index)
 
     # -- properties -------------------------------------------------------------------------
 
@@ -135,7 +131,7 @@ class VideoReader(SizedSource):
         if self._avg_rate:
             return self._avg_rate
         # No declared rate: derive it from the timestamps if we can, else a sane default.
-        index = self.packet_index()
+        index = self._index
         tb = self._time_base
         if index is not None and tb is not None and len(index.pts) > 1:
             span = (index.pts[-1] - index.pts[0]) * tb
@@ -150,10 +146,11 @@ class VideoReader(SizedSource):
 
     def pts(self, index: int) -> int:
         index = self._check_index(index)
-        packets = self.packet_index()
-        if packets is not None and index < len(packets.pts):
-            return packets.pts[index]
-        return round(index / (self.frame_rate * self.time_base))  # no pts in the file
+        frames = self._index
+        if frames is not None and index < len(frames.pts):
+            return frames.pts[index]
+        # No pts in the file, or a frame past the cut of a truncated one: where it would be.
+        return round(index / (self.frame_rate * self.time_base))
 
     # -- decoding ---------------------------------------------------------------------------
 
@@ -179,7 +176,7 @@ class VideoReader(SizedSource):
         """Decode ``start .. stop-1`` sequentially on a decoder of its own.
 
         A separate container means iterating never disturbs :meth:`read`'s position (and vice
-        versa). Frames are numbered in decode order from ``start``; pts come from the file.
+        versa). Frames are numbered in presentation order from ``start``; pts come from the file.
         """
         self._assert_open()
         stop = len(self) if stop is None else min(stop, len(self))
@@ -210,6 +207,24 @@ class VideoReader(SizedSource):
 
     def __enter__(self) -> "VideoReader":
         return self
+
+
+def _check_is_file(path: Path) -> None:
+    if not path.exists():
+        raise VideoError(f"video file not found: {path}; check the path")
+    if path.is_dir():
+        raise VideoError(f"{path} is a directory; use open_image_folder() for a folder of frames")
+    if not path.is_file():
+        # A FIFO or a device would block FFmpeg's probing forever, or be read only once
+        # when the reader needs to open the file several times (probe, index, decode).
+        raise VideoError(f"{path} is not a regular file; pass a video file or a folder of images")
+
+
+def _undecodable(name: str, codec_name: str, e: VideoError) -> VideoError:
+    return VideoError(
+        f"{name}: cannot decode the first frame of its {codec_name} video stream ({e}); "
+        f"re-encode it to H.264 (ffmpeg -i in -c:v libx264 out.mp4)"
+    )
 
 
 def open_video(path: str | os.PathLike[str]) -> VideoReader:
