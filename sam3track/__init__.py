@@ -2,7 +2,7 @@
 
 from . import moved as _moved
 from .errors import (ArgumentError, BackendError, BundleError, CapacityError, FrameIndexError, ObjectIdError,
-                     PromptError, Sam3TrackError, SessionBusyError, SessionClosedError, VideoError)
+                     OutputBusyError, PromptError, Sam3TrackError, SessionBusyError, SessionClosedError, VideoError)
 from .results import FrameResult
 from .tracking_session import TrackingSession
 
@@ -21,4 +21,4 @@ def load(bundle_dir, backend: str = "onnxruntime", device: str = "cpu", **option
 
 __all__ = ["load", "FrameResult", "TrackingSession", "Sam3TrackError", "ArgumentError", "BackendError",
            "BundleError", "CapacityError", "VideoError", "PromptError", "FrameIndexError", "ObjectIdError",
-           "SessionBusyError", "SessionClosedError", "__version__"]
+           "OutputBusyError", "SessionBusyError", "SessionClosedError", "__version__"]

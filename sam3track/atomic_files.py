@@ -1,17 +1,21 @@
 """Writing a file under a temporary name and renaming it into place, so that a destination path
 only ever holds a finished, complete output.
 
-While a run writes, its output lives under ``<name>.partial``. A complete run renames it onto the
-destination; a run stopped early (Ctrl-C, SIGTERM, an error) renames it to
-``<stem>.interrupted<suffix>`` instead, so an earlier complete output under the destination name
-is never replaced by a shorter one. Only a process killed outright (SIGKILL, power loss) leaves a
-``.partial`` behind, and the next run overwrites it.
+While a run writes, its output lives under ``<name>.<pid>.<random>.partial``, a name no other run
+uses. A complete run renames it onto the destination (and removes the ``.interrupted`` leftovers
+of earlier runs, which it supersedes); a run stopped early (Ctrl-C, SIGTERM, an error) renames it
+to ``<stem>.interrupted<suffix>`` instead, so an earlier complete output under the destination
+name is never replaced by a shorter one. Only a process killed outright (SIGKILL, power loss)
+leaves a ``.partial`` behind; the next run that locks the output (:mod:`sam3track.output_lock`)
+removes it.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import re
+import secrets
 import shutil
 import tempfile
 from pathlib import Path
@@ -27,10 +31,37 @@ def _named(path: Path) -> Path:
 
 
 def partial_path(path: Path) -> Path:
-    """``<name>.partial`` beside ``path``: the same folder, so the final rename is atomic (never
-    across disks)."""
+    """A new ``<name>.<pid>.<random>.partial`` beside ``path``: the same folder, so the final rename
+    is atomic (never across disks), and a name of this process alone, so two runs never share one."""
     path = _named(path)
-    return path.with_name(path.name + ".partial")
+    return path.with_name(f"{path.name}.{os.getpid()}.{secrets.token_hex(4)}.partial")
+
+
+def partial_pattern(name: str) -> str:
+    """The regular expression of every :func:`partial_path` of a file or folder named ``name``."""
+    return re.escape(name) + r"\.\d+\.[0-9a-f]{8}\.partial"
+
+
+def stale_partials(path: Path) -> list[Path]:
+    """The temporaries of ``path`` that runs left behind. Only the holder of ``path``'s lock may
+    remove them: then no live run is writing any of them."""
+    path = _named(path)
+    pattern = re.compile(partial_pattern(path.name))
+    try:
+        return sorted(p for p in path.parent.iterdir() if pattern.fullmatch(p.name))
+    except OSError:
+        return []
+
+
+def remove_stale_files(path: Path, log: logging.Logger) -> None:
+    """Remove the temporary files (never folders) of ``path`` that killed runs left."""
+    for stale in stale_partials(path):
+        if stale.is_file() and not stale.is_symlink():
+            try:
+                stale.unlink()
+                log.info("removed %s, left by a run that was killed", stale)
+            except OSError as e:
+                log.warning("cannot remove %s, left by a killed run: %s", stale, e)
 
 
 def interrupted_path(path: Path) -> Path:
@@ -49,8 +80,9 @@ def interrupted_folder(path: Path) -> Path:
 def finish_partial(
     tmp: Path, path: Path, *, complete: bool, log: logging.Logger, holds: str
 ) -> Path:
-    """Rename the finished ``tmp`` onto ``path`` (complete) or onto its :func:`interrupted_path`
-    (stopped early, replacing an older one there); returns where it went.
+    """Rename the finished ``tmp`` onto ``path`` (complete, then removing an earlier run's
+    :func:`interrupted_path`) or onto its :func:`interrupted_path` (stopped early, replacing an
+    older one there); returns where it went.
 
     After an interrupted run this logs ``run interrupted: <where> holds the <holds>`` on the
     caller's ``log``, so the caller (the CLI) can tell those notes apart.
@@ -59,6 +91,13 @@ def finish_partial(
     os.replace(tmp, where)
     if not complete:
         log.warning("run interrupted: %s holds the %s", where, holds)
+        return where
+    leftover = interrupted_path(path)
+    if leftover.is_file() or leftover.is_symlink():  # an earlier run's part, superseded now
+        try:
+            leftover.unlink()
+        except OSError as e:
+            log.warning("cannot remove %s, which %s supersedes: %s", leftover, path, e)
     return where
 
 

@@ -32,6 +32,15 @@ class VideoError(Sam3TrackError):
     """A video file, image folder or frame cannot be read or written."""
 
 
+class OutputBusyError(VideoError):
+    """Another live run (``pid``) is writing the output ``path``; the message names both."""
+
+    def __init__(self, path, pid, message: str) -> None:
+        super().__init__(message)
+        self.path = path
+        self.pid = pid
+
+
 class PromptError(Sam3TrackError):
     """A prompt is empty or malformed."""
 

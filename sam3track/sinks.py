@@ -4,8 +4,9 @@ Both sinks take one :class:`FrameResult` per :meth:`write` call and are context 
 are safe to interrupt, and neither ever puts a partial result under the name asked for: the JSON
 file is built under a temporary name and, when the run stops early, finalised into valid JSON
 (marked ``"complete": false``) named ``<stem>.interrupted.json``; the PNGs are written into a
-staging folder ``<dir>.partial``, moved into the folder when the run completes and left as
-``<dir>.interrupted`` when it stops early.
+staging folder ``<dir>.<pid>.<random>.partial``, moved into the folder when the run completes and
+left as ``<dir>.interrupted`` when it stops early. Each sink locks its output while open
+(:mod:`sam3track.output_lock`), so a second writer of the same path fails at once.
 """
 
 from __future__ import annotations
@@ -29,9 +30,13 @@ from sam3track.atomic_files import (
     finish_partial,
     interrupted_folder,
     partial_path,
+    partial_pattern,
+    remove_stale_files,
+    stale_partials,
     write_bytes_atomic,
 )
 from sam3track.errors import VideoError
+from sam3track.output_lock import OutputLock
 from sam3track.results import FrameResult
 
 log = logging.getLogger(__name__)
@@ -94,31 +99,53 @@ class JsonSink(FinishedOnExit):
                                   "mask": {"size": [H, W], "counts": "<COCO RLE>"}}]}, ...],
          "num_frames": n, "complete": true}
 
-    Frames are appended to ``<name>.partial`` as they come (flushed each time), and ``close``
-    closes the list and renames the file onto ``path``. ``close(complete=False)`` (what
+    Frames are appended to ``<name>.<pid>.<random>.partial`` as they come (flushed each time),
+    and ``close`` closes the list and renames the file onto ``path``, removing the
+    ``<stem>.interrupted.json`` an earlier run left. ``close(complete=False)`` (what
     ``__exit__`` does on an exception or Ctrl-C) finalises the same way with
     ``"complete": false`` but renames it to ``<stem>.interrupted.json`` beside ``path``, so an
     interrupted run leaves valid JSON with the frames done and never replaces a complete file
     at ``path``; with no frame done it leaves nothing.
+
+    ``path`` is locked from here to ``close`` (:class:`~sam3track.output_lock.OutputLock`;
+    :class:`~sam3track.errors.OutputBusyError` while another writer holds it); ``lock``: one
+    already taken for ``path``, which the sink then releases on ``close``.
     """
 
-    def __init__(self, path: str | os.PathLike[str], metadata: dict[str, Any] | None = None):
+    def __init__(self, path: str | os.PathLike[str], metadata: dict[str, Any] | None = None, *,
+                 lock: OutputLock | None = None):
         self.path = Path(path)
         if not self.path.parent.is_dir():
             raise VideoError(
                 f"cannot write {self.path}: folder {self.path.parent} does not exist; create it"
             )
-        self._tmp = partial_path(self.path)
         self.frames_written = 0
         self.result: Path | None = None  # where close() left the file, if anywhere
         self._closed = False
+        self._lock = lock if lock is not None else OutputLock.acquire(self.path)
         try:
-            self._file: TextIO = open(self._tmp, "w", encoding="utf-8")
-            head = {"format": JSON_FORMAT, "version": JSON_VERSION, "metadata": metadata or {}}
-            # Write the header object without its closing brace, then open the frames list.
-            self._file.write(json.dumps(head)[:-1] + ', "frames": [\n')
+            if self._lock.held:
+                remove_stale_files(self.path, log)
+            self._tmp = partial_path(self.path)
+            self._file: TextIO = self._start(metadata)
+        except BaseException:
+            self._lock.release()
+            raise
+
+    def _start(self, metadata: dict[str, Any] | None) -> TextIO:
+        try:
+            file = open(self._tmp, "w", encoding="utf-8")
         except OSError as e:
             raise VideoError(f"cannot write {self._tmp}: {e}") from e
+        try:
+            head = {"format": JSON_FORMAT, "version": JSON_VERSION, "metadata": metadata or {}}
+            # Write the header object without its closing brace, then open the frames list.
+            file.write(json.dumps(head)[:-1] + ', "frames": [\n')
+        except OSError as e:
+            file.close()
+            self._tmp.unlink(missing_ok=True)
+            raise VideoError(f"cannot write {self._tmp}: {e}") from e
+        return file
 
     @staticmethod
     def frame_to_dict(result: FrameResult) -> dict[str, Any]:
@@ -161,7 +188,10 @@ class JsonSink(FinishedOnExit):
         if self._closed:
             return self.result
         self._closed = True
-        self.result = self._finish(complete)
+        try:
+            self.result = self._finish(complete)
+        finally:
+            self._lock.release()
         return self.result
 
     def _finish(self, complete: bool) -> Path | None:
@@ -185,7 +215,14 @@ class JsonSink(FinishedOnExit):
 
 
 # What the sink itself puts in its staging folder: a stale one holding only these is ours to clear.
-_STAGED_NAME = re.compile(r"\d{6}\.png(\.partial)?")
+_STAGED_NAME = re.compile(r"\d{6}\.png(" + partial_pattern("") + ")?")
+
+
+def _only_staged_pngs(folder: Path) -> bool:
+    """Whether ``folder`` is a real folder holding only what this sink writes (ours to delete)."""
+    if not folder.is_dir() or folder.is_symlink():
+        return False
+    return all(_STAGED_NAME.fullmatch(p.name) for p in folder.iterdir())
 
 
 class MasksDirSink(FinishedOnExit):
@@ -197,42 +234,46 @@ class MasksDirSink(FinishedOnExit):
     PIL), which keeps the values. A value must lie in 1..65535: pass ``id_offset=1`` if object
     ids start at 0, so object 0 is not mistaken for background.
 
-    PNGs are written into the staging folder ``<dir>.partial`` beside ``dir``, so ``dir`` only
-    ever holds the masks of complete runs. ``close()`` moves each PNG into ``dir`` (replacing
-    same-named files, keeping any others); ``close(complete=False)`` (what ``__exit__`` does on
-    an exception or Ctrl-C) renames the staging folder to ``<dir>.interrupted`` instead,
-    replacing an older one, or removes it when no frame was written.
+    PNGs are written into the staging folder ``<dir>.<pid>.<random>.partial`` beside ``dir``, so
+    ``dir`` only ever holds the masks of complete runs. ``close()`` moves each PNG into ``dir``
+    (replacing same-named files, keeping any others) and removes the ``<dir>.interrupted`` an
+    earlier run left; ``close(complete=False)`` (what ``__exit__`` does on an exception or Ctrl-C)
+    renames the staging folder to ``<dir>.interrupted`` instead, replacing an older one, or removes
+    it when no frame was written. ``dir`` is locked while the sink is open, as :class:`JsonSink`'s
+    file is (``lock``: one already taken for ``dir``).
     """
 
-    def __init__(self, directory: str | os.PathLike[str], id_offset: int = 0) -> None:
+    def __init__(self, directory: str | os.PathLike[str], id_offset: int = 0, *,
+                 lock: OutputLock | None = None) -> None:
         self.directory = Path(directory)
-        self.staging = partial_path(self.directory)
         self.id_offset = int(id_offset)
         self.frames_written = 0
         self.result: Path | None = None  # where close() left the PNGs, if anywhere
         self._closed = False
-        self._clear_stale_staging()
+        self._lock = lock if lock is not None else OutputLock.acquire(self.directory, make_parents=True)
+        self.staging = partial_path(self.directory)
         try:
+            if self._lock.held:
+                self._clear_stale_staging()
             self.staging.mkdir(parents=True)
         except OSError as e:
+            self._lock.release()
             raise VideoError(
                 f"cannot create the staging folder {self.staging} for the masks folder "
                 f"{self.directory}: {e}"
             ) from e
+        except BaseException:
+            self._lock.release()
+            raise
 
     def _clear_stale_staging(self) -> None:
-        """Remove the staging folder a killed run left, but never a folder of someone else's."""
-        if not os.path.lexists(self.staging):
-            return
-        if self.staging.is_dir() and not self.staging.is_symlink():
-            names = [p.name for p in self.staging.iterdir()]
-            if all(_STAGED_NAME.fullmatch(name) for name in names):
-                shutil.rmtree(self.staging)
-                return
-        raise VideoError(
-            f"cannot stage the masks for {self.directory} in {self.staging}: it exists and holds "
-            f"files sam3track did not write; move or remove it"
-        )
+        """Remove the staging folders killed runs left, but never a folder of someone else's."""
+        for stale in stale_partials(self.directory):
+            if _only_staged_pngs(stale):
+                shutil.rmtree(stale, ignore_errors=True)
+                log.info("removed %s, left by a run that was killed", stale)
+            else:
+                log.warning("left %s alone: it holds files sam3track did not write", stale)
 
     def path_for(self, frame_index: int) -> Path:
         """Where frame ``frame_index``'s PNG lands once the run completes."""
@@ -277,17 +318,23 @@ class MasksDirSink(FinishedOnExit):
         if self._closed:
             return self.result
         self._closed = True
+        try:
+            self.result = self._close(complete)
+        finally:
+            self._lock.release()
+        return self.result
+
+    def _close(self, complete: bool) -> Path | None:
         if complete:
-            self.result = self._move_into_place()
-            return self.result
+            return self._move_into_place()
         try:
             if self.frames_written == 0:
                 shutil.rmtree(self.staging)
                 return None
-            self.result = self._keep_as_interrupted()
+            return self._keep_as_interrupted()
         except OSError as e:
             log.warning("cannot keep the masks of %s after an interruption: %s", self.directory, e)
-        return self.result
+        return None
 
     def _move_into_place(self) -> Path:
         try:
@@ -305,6 +352,9 @@ class MasksDirSink(FinishedOnExit):
                     kept = self.staging
             where = f"; the masks not moved are in {kept}" if kept is not None else ""
             raise VideoError(f"cannot move the masks into {self.directory}: {e}{where}") from e
+        leftover = interrupted_folder(self.directory)
+        if _only_staged_pngs(leftover):  # an earlier run's part, superseded now
+            shutil.rmtree(leftover, ignore_errors=True)
         return self.directory
 
     def _keep_as_interrupted(self) -> Path:

@@ -259,12 +259,12 @@ def _stop_midway(args: list[str], cwd: Path, signum: int) -> tuple[int, str]:
         [sys.executable, "-m", "sam3track.cli", *args],
         cwd=cwd, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )
-    partial = cwd / "part.json.partial"
     deadline = time.monotonic() + HANG_SECONDS
     try:
         # The JSON sink flushes each frame: wait until a few are done, then send the signal.
         while proc.poll() is None:
-            if partial.exists() and partial.read_text().count('"frame_index"') >= 3:
+            partial = next(cwd.glob("part.json.*.partial"), None)  # the run's own temporary name
+            if partial is not None and partial.read_text().count('"frame_index"') >= 3:
                 break
             if time.monotonic() > deadline:
                 pytest.fail(f"sam3track wrote fewer than 3 frames in {HANG_SECONDS} s: a hang", pytrace=False)

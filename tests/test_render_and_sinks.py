@@ -214,7 +214,8 @@ def test_masks_dir_uint16_and_id_zero(tmp_path: Path) -> None:
     sink = MasksDirSink(tmp_path / "masks")
     res = _result(0, ids=(300, 70000 - 69999))  # 300 and 1
     sink.write(res)
-    img = _read_png(tmp_path / "masks.partial" / "000000.png")  # staged until the run ends
+    assert sink.staging.parent == tmp_path and sink.staging.name.startswith("masks.")
+    img = _read_png(sink.staging / "000000.png")  # staged beside the folder until the run ends
     assert img.dtype == np.uint16
     assert (img[res.masks[0] & ~res.masks[1]] == 300).all() and (img[res.masks[1]] == 1).all()
 
@@ -239,9 +240,8 @@ def test_masks_dir_is_staged_and_keeps_unrelated_files(tmp_path: Path) -> None:
         sink.write(_result(6))
         # Nothing lands in the folder asked for before the run completes.
         assert sorted(p.name for p in out.iterdir()) == ["000005.png", "notes.txt"]
-        assert sorted(p.name for p in (tmp_path / "masks.partial").iterdir()) == [
-            "000005.png", "000006.png"]
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["masks"]  # staging folder gone
+        assert sorted(p.name for p in sink.staging.iterdir()) == ["000005.png", "000006.png"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["masks"]  # staging folder and lock gone
     assert sorted(p.name for p in out.iterdir()) == ["000005.png", "000006.png", "notes.txt"]
     assert (out / "notes.txt").read_text() == "mine"
     assert _read_png(out / "000005.png").max() == 25  # replaced by this run's mask
@@ -274,20 +274,21 @@ def test_masks_dir_interrupted_goes_beside_the_folder(tmp_path: Path) -> None:
 
 def test_masks_dir_stale_staging_folder(tmp_path: Path) -> None:
     out = tmp_path / "masks"
-    stale = tmp_path / "masks.partial"
+    stale = tmp_path / "masks.4242.0badcafe.partial"  # the staging folder of a killed run
     stale.mkdir()
     (stale / "000001.png").write_bytes(b"left by a killed run")
-    (stale / "000002.png.partial").write_bytes(b"half")
+    (stale / "000002.png.4242.00c0ffee.partial").write_bytes(b"half")
     with MasksDirSink(out) as sink:
         sink.write(_result(3))
     assert sorted(p.name for p in out.iterdir()) == ["000003.png"]  # the stale ones are gone
-    assert not stale.exists()
-    # A folder of that name holding anything else is not ours to delete.
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["masks"]
+    # A folder of that name holding anything else is not ours to delete; it is in no run's way.
     stale.mkdir()
     (stale / "thesis.tex").write_text("precious")
-    with pytest.raises(VideoError, match="masks.partial.*did not write"):
-        MasksDirSink(out)
+    with MasksDirSink(out) as sink:
+        sink.write(_result(4))
     assert (stale / "thesis.tex").read_text() == "precious"
+    assert sorted(p.name for p in out.iterdir()) == ["000003.png", "000004.png"]
 
 
 def test_masks_dir_given_as_dot(tmp_path: Path, monkeypatch) -> None:
@@ -296,7 +297,8 @@ def test_masks_dir_given_as_dot(tmp_path: Path, monkeypatch) -> None:
     monkeypatch.chdir(work)
     with MasksDirSink(".") as sink:
         sink.write(_result(4))
-        assert (tmp_path / "work.partial" / "000004.png").is_file()  # staged beside the folder
+        assert sink.staging.parent == tmp_path  # staged beside the folder, not in it
+        assert (sink.staging / "000004.png").is_file() and sink.staging.name.startswith("work.")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["work"]
     assert [p.name for p in work.iterdir()] == ["000004.png"]
     with pytest.raises(KeyboardInterrupt):

@@ -80,7 +80,9 @@ def add_parser(sub) -> argparse.ArgumentParser:
             "as the input frames processed), plus optional JSON and PNG masks. Ctrl-C or "
             "SIGTERM stops early (exit code 130 or 143): the frames done are kept as valid "
             "outputs named <stem>.interrupted<suffix> (and <dir>.interrupted for --masks-dir) "
-            "beside the paths asked for, which only ever hold complete outputs.\n\n"
+            "beside the paths asked for, which only ever hold complete outputs; a later complete run "
+            "removes them. The outputs are locked while a run writes them: a second run aimed at "
+            "one of them stops at once (exit code 2), naming the run that holds it.\n\n"
             "Clicks and boxes (video pixels) add or correct objects on given frames: "
             "--point FRAME:X,Y[:LABEL] (LABEL 1 positive, the default, or 0 negative) and "
             "--box FRAME:X0,Y0,X1,Y1, both repeatable. --obj-id ID applies to every --point and "
@@ -132,7 +134,8 @@ def _add_outputs(track: argparse.ArgumentParser) -> None:
                        help="also write one PNG per frame, DIR/<frame:06d>.png, whose pixel value "
                             "is object id + 1 (0 = background; 16-bit when an id exceeds 254); "
                             "read with cv2.imread(path, cv2.IMREAD_UNCHANGED); staged in "
-                            "DIR.partial and moved into DIR when the run completes")
+                            "DIR.<pid>.<random>.partial beside it and moved into DIR when the run "
+                            "completes")
     track.add_argument("--start-frame", type=int_at_least(0), default=0, metavar="N",
                        help="first frame to process (0-based; default 0)")
     track.add_argument("--max-frames", type=int_at_least(1), default=None, metavar="N",

@@ -1,5 +1,5 @@
-"""Outputs of a run: their paths checked before any work is done, and all of them closed at the
-end (or after an interruption) without one failure stopping the others."""
+"""Outputs of a run: their paths checked and locked before any work is done, and all of them
+closed at the end (or after an interruption) without one failure stopping the others."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from typing import Any
 
 from sam3track.atomic_files import partial_path
 from sam3track.errors import UsageError
+from sam3track.output_lock import OutputLock
 from sam3track.sinks import MasksDirSink
 
 # ------------------------------------------------------------------------------------------
@@ -64,6 +65,25 @@ def check_masks_dir(path: Path) -> None:
         raise UsageError(f"cannot create the masks folder {path}: {existing} is a file, not a folder")
     if not os.access(existing, os.W_OK | os.X_OK):
         raise UsageError(f"cannot create the masks folder {path}: folder {existing} is not writable")
+
+
+def lock_outputs(paths: list[Path], masks_dir: Path | None) -> dict[Path, OutputLock]:
+    """Each output's lock, taken before the bundle loads so a run aimed at another live run's
+    outputs stops at once (OutputBusyError); none is kept when one is busy."""
+    locks: dict[Path, OutputLock] = {}
+    try:
+        for path in paths:
+            locks[path] = OutputLock.acquire(path, make_parents=path == masks_dir)
+    except BaseException:
+        release_all(locks)
+        raise
+    return locks
+
+
+def release_all(locks: dict[Path, OutputLock]) -> None:
+    """Release every lock (those a sink already released stay released)."""
+    for lock in locks.values():
+        lock.release()
 
 
 def default_output(video: Path) -> Path:

@@ -4,7 +4,8 @@ What ``sam3track track`` runs, and each video of ``sam3track batch``. A :class:`
 do; :func:`run_track` checks it before any work, loads the bundle (or uses a predictor already
 loaded), adds the prompts, writes every output frame by frame (all of them get a frame or none does)
 and returns an exit code. A Ctrl-C or SIGTERM leaves the frames done beside the outputs under
-``.interrupted`` names; the paths asked for only ever hold complete outputs.
+``.interrupted`` names; the paths asked for only ever hold complete outputs. The outputs are locked
+from before the bundle loads to the end, so a second run aimed at them stops at once (exit 2).
 """
 
 from __future__ import annotations
@@ -26,8 +27,11 @@ from sam3track.jobs.outputs import (
     close_all,
     close_bar,
     default_output,
+    lock_outputs,
+    release_all,
     same_file,
 )
+from sam3track.output_lock import OutputLock
 from sam3track.progress import progress_bar
 from sam3track.render import draw_objects
 from sam3track.sinks import JsonSink, MasksDirSink
@@ -75,6 +79,10 @@ class _Plan:
     masks_out: Path | None
     calls: list[PromptCall]
 
+    def outputs(self) -> list[Path]:
+        """The outputs asked for, in the order they are opened."""
+        return [p for p in (self.video_out, self.json_out, self.masks_out) if p is not None]
+
 
 def run_track(job: TrackJob, *, stdout: TextIO | None = None, stderr: TextIO | None = None,
               predictor: Any = None, report: dict | None = None) -> int:
@@ -103,14 +111,19 @@ def _run(guard: InterruptGuard, job: TrackJob, out: TextIO, err: TextIO, loaded:
     try:
         plan = _plan(job, reader, calls)
         bundle_dir = _check_bundle(job.bundle)
-        predictor = loaded if loaded is not None else _load(job, bundle_dir)
+        # Locked before the bundle loads: a run aimed at another live run's outputs stops at once.
+        locks = lock_outputs(plan.outputs(), plan.masks_out)
         try:
-            with predictor.start_session(reader) as session:  # the session does not close it
-                _add_prompts(session, job, plan)
-                return _write_outputs(guard, session, reader, job, plan, out, err, report)
+            predictor = loaded if loaded is not None else _load(job, bundle_dir)
+            try:
+                with predictor.start_session(reader) as session:  # the session does not close it
+                    _add_prompts(session, job, plan)
+                    return _write_outputs(guard, session, reader, job, plan, locks, out, err, report)
+            finally:
+                if loaded is None:  # a predictor handed in belongs to the caller
+                    predictor.close()
         finally:
-            if loaded is None:  # a predictor handed in belongs to the caller
-                predictor.close()
+            release_all(locks)
     finally:
         reader.close()
 
@@ -268,26 +281,27 @@ class _Outputs:
             self.masks.write(result)
 
 
-def _open_outputs(job: TrackJob, plan: _Plan, reader: Any, bundle: Path, opened: list, written: list) -> _Outputs:
-    """Every output, each added to ``opened`` / ``written`` as soon as it exists (so an error while
-    opening the next still closes it)."""
-    writer = MaskVideoWriter.like(plan.video_out, reader)
+def _open_outputs(job: TrackJob, plan: _Plan, reader: Any, locks: dict[Path, OutputLock], opened: list,
+                  written: list) -> _Outputs:
+    """Every output, under the lock taken for it, each added to ``opened`` / ``written`` as soon as it
+    exists (so an error while opening the next still closes it)."""
+    writer = MaskVideoWriter.like(plan.video_out, reader, lock=locks[plan.video_out])
     opened.append(writer)
     written.append(plan.video_out)
     outputs = _Outputs(writer)
     if plan.json_out is not None:
         metadata = {
             "video": str(plan.video), "prompts": list(job.prompts),
-            "clicks_and_boxes": [g.to_json() for g in job.geometric], "bundle": str(bundle),
+            "clicks_and_boxes": [g.to_json() for g in job.geometric], "bundle": str(Path(job.bundle)),
             "start_frame": plan.start, "max_frames": job.max_frames, "width": reader.width,
             "height": reader.height, "fps": float(reader.frame_rate), "keep_timestamps": job.keep_timestamps,
             "id_offset_in_masks_dir": MASK_ID_OFFSET if plan.masks_out is not None else None,
         }
-        outputs.json = JsonSink(plan.json_out, metadata=metadata)
+        outputs.json = JsonSink(plan.json_out, metadata=metadata, lock=locks[plan.json_out])
         opened.append(outputs.json)
         written.append(plan.json_out)
     if plan.masks_out is not None:
-        outputs.masks = MasksDirSink(plan.masks_out, id_offset=MASK_ID_OFFSET)
+        outputs.masks = MasksDirSink(plan.masks_out, id_offset=MASK_ID_OFFSET, lock=locks[plan.masks_out])
         opened.append(outputs.masks)
         written.append(plan.masks_out)
     return outputs
@@ -301,7 +315,7 @@ class _Progress:
 
 
 def _write_outputs(guard: InterruptGuard, session: TrackingSession, reader: Any, job: TrackJob, plan: _Plan,
-                   out: TextIO, err: TextIO, report: dict) -> int:
+                   locks: dict[Path, OutputLock], out: TextIO, err: TextIO, report: dict) -> int:
     """Track from the start frame and write each frame to every output; close them complete, or
     after a signal or an error as ``.interrupted`` partials."""
     # A clip cut from a longer video starts at 0 like any video, unless the user wants the
@@ -313,7 +327,7 @@ def _write_outputs(guard: InterruptGuard, session: TrackingSession, reader: Any,
     results = None
     started = time.perf_counter()
     try:
-        outputs = _open_outputs(job, plan, reader, Path(job.bundle), sinks, written)
+        outputs = _open_outputs(job, plan, reader, locks, sinks, written)
         progress.bar = progress_bar(plan.stop - plan.start, "tracking", "frame", err, dynamic_ncols=True,
                                     smoothing=0.1)
         results = session.propagate(direction="forward", start_frame=plan.start, max_frames=job.max_frames)

@@ -1,7 +1,8 @@
 """Writing rendered frames to an H.264 video that keeps the input's size, frame count and timing.
 
-The file is written under a temporary name next to the destination and renamed when closed, so
-the destination path only ever holds a finished, complete video. An interrupted run (an
+The file is written under a temporary name of its own next to the destination, with the
+destination locked (:mod:`sam3track.output_lock`), and renamed when closed, so the destination
+path only ever holds a finished, complete video of this writer. An interrupted run (an
 exception or Ctrl-C inside the ``with`` block) still flushes the encoder and writes the
 container trailer, and leaves the frames done so far as a valid, shorter video beside the
 destination, ``<stem>.interrupted<suffix>``.
@@ -18,8 +19,9 @@ from typing import Any
 import av
 import numpy as np
 
-from sam3track.atomic_files import FinishedOnExit, finish_partial, partial_path
+from sam3track.atomic_files import FinishedOnExit, finish_partial, partial_path, remove_stale_files
 from sam3track.errors import VideoError
+from sam3track.output_lock import OutputLock
 from sam3track.video.source import DEFAULT_FPS, FrameSource
 
 log = logging.getLogger(__name__)
@@ -57,8 +59,14 @@ class MaskVideoWriter(FinishedOnExit):
     was written or finalising fails; an incomplete close never raises for those (it logs a
     warning, removes the temporary file if nothing usable is left, and returns ``None``), so
     the exception that interrupted the run is the one the caller sees. ``__exit__`` calls
-    ``close(complete=exc is None)``. A process killed outright (SIGKILL, power loss) leaves
-    only the temporary ``<name>.partial`` file, which is not playable.
+    ``close(complete=exc is None)``. A complete close also removes the
+    ``<stem>.interrupted<suffix>`` an earlier run left. A process killed outright (SIGKILL, power
+    loss) leaves only the temporary ``<name>.<pid>.<random>.partial`` file, which is not playable
+    and which the next writer of ``path`` removes.
+
+    Locking: ``path`` is locked from here to ``close``; while another writer (this process or
+    another) holds it, the constructor raises :class:`~sam3track.errors.OutputBusyError` naming
+    that writer's pid. ``lock``: one already taken for ``path``, released by ``close``.
     """
 
     def __init__(
@@ -71,6 +79,7 @@ class MaskVideoWriter(FinishedOnExit):
         time_base: Fraction | None = None,
         crf: int = 18,
         preset: str = "veryfast",
+        lock: OutputLock | None = None,
     ) -> None:
         self.path = Path(path)
         fmt = _FORMATS.get(self.path.suffix.lower())
@@ -96,7 +105,18 @@ class MaskVideoWriter(FinishedOnExit):
         self.result: Path | None = None  # where close() left the video, if anywhere
         self._last_pts: int | None = None
         self._closed = False
-        self._tmp = partial_path(self.path)
+        self._lock = lock if lock is not None else OutputLock.acquire(self.path)
+        try:
+            if self._lock.held:
+                remove_stale_files(self.path, log)
+            self._tmp = partial_path(self.path)
+            self._open(fmt, crf, preset)
+        except BaseException:
+            self._lock.release()
+            raise
+
+    def _open(self, fmt: str, crf: int, preset: str) -> None:
+        """The container under the temporary name, with its H.264 stream."""
         try:
             self._container: Any = av.open(str(self._tmp), mode="w", format=fmt)
         except (av.error.FFmpegError, OSError) as e:
@@ -175,7 +195,10 @@ class MaskVideoWriter(FinishedOnExit):
             return self.result
         self._closed = True
         self.completed = complete
-        self.result = self._finish(complete)
+        try:
+            self.result = self._finish(complete)
+        finally:
+            self._lock.release()
         return self.result
 
     def _finish(self, complete: bool) -> Path | None:
