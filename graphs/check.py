@@ -15,19 +15,7 @@ import sys
 from pathlib import Path
 
 from .comparison import CheckError
-from .onnx_export import missing_dependency_message
-
-
-def main(argv=None) -> int:
-    """The command; a missing export dependency is one error line and exit 2."""
-    try:
-        return _main(argv)
-    except ModuleNotFoundError as exc:
-        message = missing_dependency_message(exc)
-        if message is None:
-            raise
-        print(f"error: {message}", file=sys.stderr)
-        return 2
+from .onnx_export import command
 
 
 def _main(argv=None) -> int:
@@ -55,6 +43,8 @@ def _main(argv=None) -> int:
     print(f"{len(rows) - len(bad)} passed, {len(bad)} failed")
     return 1 if bad else 0
 
+
+main = command(_main)
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -19,20 +19,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from .onnx_export import CheckpointError, ExportError, missing_dependency_message
+from .onnx_export import CheckpointError, ExportError, command
 from .sam3.export import GRAPHS, export_bundle  # noqa: F401  (export_bundle: SAM 3's, at its old path too)
-
-
-def main(argv=None) -> int:
-    """The command; a missing export dependency is one error line and exit 2."""
-    try:
-        return _main(argv)
-    except ModuleNotFoundError as exc:
-        message = missing_dependency_message(exc)
-        if message is None:
-            raise
-        print(f"error: {message}", file=sys.stderr)
-        return 2
 
 
 def _main(argv: list[str] | None = None) -> int:
@@ -103,6 +91,8 @@ def _main_sam31(parser, args) -> int:
         return 2
     return 0
 
+
+main = command(_main)
 
 if __name__ == "__main__":
     sys.exit(main())

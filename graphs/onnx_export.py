@@ -1,16 +1,20 @@
 """The ONNX export machinery every model family shares: trace one graph wrapper to ONNX (fused or plain
 attention, fp16 or int8 where asked, the memories' bf16 rounding named), and publish a finished bundle.
 
-graphs/export.py (SAM 3) and graphs/sam31/ call it; neither imports the other for it.
+graphs/sam3/ and graphs/sam31/ call it; neither imports the other for it.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import os
+import shutil
+import sys
 import tempfile
 import time
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 
 from sam3track.atomic_files import replace_directory
@@ -41,6 +45,23 @@ class ExportError(Exception):
     """An export asked for something it cannot do: the message names the flag or path and what to do."""
 
 
+def command(run: Callable[[list[str] | None], int]) -> Callable[[list[str] | None], int]:
+    """A graphs command line (python -m graphs.export, graphs.check): a missing export dependency is one
+    error line and exit 2, not a traceback."""
+    @functools.wraps(run)
+    def main(argv: list[str] | None = None) -> int:
+        try:
+            return run(argv)
+        except ModuleNotFoundError as exc:
+            message = missing_dependency_message(exc)
+            if message is None:
+                raise
+            print(f"error: {message}", file=sys.stderr)
+            return 2
+
+    return main
+
+
 def check_destination(out: Path, overwrite: bool, attention: str) -> None:
     """Every family's first checks: the bundle folder is free (or --overwrite) and the attention mode known."""
     from .ops import ATTENTION_MODES
@@ -58,6 +79,29 @@ def staging_dir(out: Path) -> Path:
         return Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=out.parent))
     except OSError as exc:
         raise ExportError(f"cannot write the bundle to {out.parent}: {exc.strerror}; choose a writable --out")
+
+
+class BundleBuild:
+    """One bundle being built: its staging folder, removed if the build fails; `publish` records the
+    exporter and renames the folder into place (publish_bundle)."""
+
+    def __init__(self, out: Path, attention: str, log=print, started: float | None = None):
+        self.out, self.attention, self.log = out, attention, log
+        self.started = time.perf_counter() if started is None else started
+        self.staging = staging_dir(out)
+
+    def __enter__(self) -> "BundleBuild":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        if exc_type is not None:
+            shutil.rmtree(self.staging, ignore_errors=True)
+        return False
+
+    def publish(self, manifest: dict) -> None:
+        manifest["exporter"] = exporter_record(self.attention, self.started)
+        publish_bundle(self.staging, manifest, self.out)
+        self.log(f"bundle written to {self.out}")
 
 
 def precision_of(name: str, fp16, int8) -> str:

@@ -33,7 +33,8 @@ def test_a_missing_export_extra_is_one_line_naming_it(command, monkeypatch, tmp_
     args = ["--tiny", "--out", str(tmp_path / "bundle")] if command == "graphs.export" else [str(DEMO)]
     assert cli.main(args) == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "pip install -e '.[export]'" in err and "torch is not installed" in err
+    assert err.count("\n") == 1 and "pip install -e '.[export]'" in err
+    assert "torch is not installed" in err or "transformers is not installed" in err  # whichever loads first
     assert not list(tmp_path.iterdir())  # nothing half-written
 
 

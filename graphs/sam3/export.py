@@ -14,8 +14,7 @@ from pathlib import Path
 
 from sam3track.bundle import file_sha256
 
-from ..onnx_export import (ExportError, check_destination, export_module, exporter_record, precision_of,
-                          publish_bundle, staging_dir)
+from ..onnx_export import BundleBuild, ExportError, check_destination, export_module, precision_of
 from .checkpoint import load_model, load_tokenizer, validate_checkpoint, weights_sha256
 
 # 2: int32 ids and indices, float32 flags (no int64 or bool inputs); 3: interactive_decoder (clicks and
@@ -121,9 +120,8 @@ def export_bundle(checkpoint: Path, out: Path, fp16: tuple[str, ...] = (), overw
 
     out = Path(out).absolute()
     _check_request(checkpoint, out, fp16, int8, overwrite, tiny_seed, tiny_preset, attention)
-    staging = staging_dir(out)
-    try:
-        started = time.perf_counter()
+    with BundleBuild(out, attention, log) as build:
+        staging = build.staging
         if tiny_seed is not None:
             from .tiny import PRESETS, write_tiny_checkpoint
 
@@ -139,14 +137,9 @@ def export_bundle(checkpoint: Path, out: Path, fp16: tuple[str, ...] = (), overw
                                          attention=attention)
             log(f"exported {name:<20} {graphs[name]['bytes'] / 1e6:9.1f} MB  {time.perf_counter() - t0:6.1f} s")
         manifest = _manifest(checkpoint, model, dims, graphs, staging, tiny_seed, tiny_preset, keep_source)
-        manifest["exporter"] = exporter_record(attention, started)
         if not keep_source:
             shutil.rmtree(staging / "source", ignore_errors=True)
-        publish_bundle(staging, manifest, out)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
-    log(f"bundle written to {out}")
+        build.publish(manifest)
     return out
 
 

@@ -13,15 +13,12 @@ error (sam3track/bundle.py).
 
 from __future__ import annotations
 
-import shutil
 import time
 from pathlib import Path
 
 from sam3track.bundle import file_sha256
 
-from ..onnx_export import CheckpointError
-from ..onnx_export import (ExportError, check_destination, export_module, exporter_record, precision_of,
-                           publish_bundle, staging_dir)
+from ..onnx_export import BundleBuild, ExportError, check_destination, export_module, precision_of
 from . import checkpoint as ckpt
 from . import detector
 
@@ -156,8 +153,8 @@ def export_bundle(checkpoint: Path | None, out: Path, overwrite: bool = False, t
     bpe = _find_bpe(info, bpe)
     dims = detector.Dims.from_sizes(info.sizes)
     specs = detector.graph_specs(dims)
-    staging = staging_dir(out)
-    try:
+    with BundleBuild(out, attention, log, started) as build:
+        staging = build.staging
         graphs = {}
         for name in detector.GRAPHS:
             t0 = time.perf_counter()
@@ -173,12 +170,7 @@ def export_bundle(checkpoint: Path | None, out: Path, overwrite: bool = False, t
             log(f"exported {name:<20} {entry['bytes'] / 1e6:9.1f} MB")
         log(f"tracker graphs: {time.perf_counter() - t0:.1f} s")
         manifest = _manifest(info, model, graphs, bpe, staging, tiny)
-        manifest["exporter"] = exporter_record(attention, started)
-        publish_bundle(staging, manifest, out)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
-    log(f"bundle written to {out}")
+        build.publish(manifest)
     return out
 
 
