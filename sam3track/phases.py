@@ -1,22 +1,10 @@
 """The frame loop's phases: one order and one contract for every model family.
 
-A frame is tracked as five named phases, always run in this order by `run_frame`:
-
-1. ground     backbone + grounding: the frame's features and its detections over all text prompts.
-2. propagate  every tracked object carried onto the frame by the tracker. It may store what the
-              tracker computed there (pointers, per-object records, which frames were tracked), nothing
-              decided.
-3. plan       every heuristic decided (association, hotstart, occlusion suppression, births under the
-              cap, removals, the bookkeeping's new values) from host masks and scores. It mutates
-              nothing -- no registry, metadata, memory, score table or warning flag -- so everything a
-              frame changes follows from the plan, and the plan can be read before any of it happens.
-4. execute    the plan applied: memory encoding, births, removals, the bookkeeping installed.
-5. outputs    the frame's result, read from the earlier phases' results; it mutates nothing either.
-
-Each family implements the phases in its own module (SAM 3: frame_loop.py with planning.py; SAM 3.1:
-families/sam31/tracker.py) as one `FramePhases` object per frame, which holds that frame's arguments;
-the loop itself never branches on the family. What each phase returns is the family's own type: the
-runner only hands every result to the phases after it.
+`run_frame` runs five named phases, always in this order: ground, propagate, plan, execute, outputs.
+plan and outputs mutate nothing, so everything a frame changes follows from the plan. Each family
+implements the phases as one `FramePhases` object per frame (SAM 3: families/sam3/frame_loop.py; SAM 3.1:
+families/sam31/tracker.py); the loop never branches on the family. What each phase may change:
+docs/architecture.md, "A frame's phases".
 """
 
 from __future__ import annotations

@@ -1,22 +1,8 @@
 """The exported graphs: thin torch wrappers around transformers' SAM 3 video modules.
 
 Each wrapper takes and returns plain tensors, so that ``torch.onnx.export`` sees a fixed signature.
-Boundaries follow the predictor that calls them (see ``sam3track/families/sam3/frame_loop.py``):
-
-- ``text_encoder``: once per distinct prompt.
-- ``backbone``: once per frame; one ViT trunk, one neck per consumer (detector, tracker); the 0.5x level
-  that no consumer reads is never built.
-- ``grounding_head``: once per frame for all K prompts.
-- ``propagation_decoder``: once per frame for all N tracked objects. Memory lives in device pools owned by
-  the runtime's memory bank; the graph gathers each object's entries by index and masks padding, so
-  objects with fewer entries give exactly what a one-object call gives.
-- ``interactive_decoder``: clicks and boxes, once per prompted frame for the objects given points there
-  (memory attention where the object was tracked on that frame, then the SAM head with the points).
-- ``memory_encoder``: once per frame (twice on frames that add objects, as the reference does).
-- ``mask_init``: turns new objects' detection masks into the tracker's first output (object pointer).
-
-Position encodings of fixed-size feature maps are constants of the checkpoint; they are folded into the
-graphs that use them instead of travelling between graphs every frame.
+Boundaries follow the predictor that calls them (``sam3track/families/sam3/frame_loop.py``). Each graph's
+role and how often it runs: docs/architecture.md ("Graphs of a bundle" and the paragraph after it).
 """
 
 from __future__ import annotations

@@ -1,24 +1,10 @@
 """Deterministic seeded SAM 3 video checkpoints: the test model, the (smaller) shipped demo model, and
 the benchmark's "mid" model at the real widths.
 
-The default init (std 0.02) gives activations ~1e-3 and near-constant detection scores, which makes
-parity checks weak and demo masks empty. We redraw every weight of rank >= 2 as N(0, 1/fan_in) so
-activations stay O(1) and scores depend on the image. The result is saved as an ordinary Hugging Face
-checkpoint directory (config, safetensors, tokenizer, preprocessor config), so the exporter loads it
-exactly like a real ``facebook/sam3`` snapshot.
-
-Two presets share everything but their widths and depths:
-- ``tiny`` (``--tiny``): the test model. The parity tests and their tolerances were tuned on it, so
-  its sizes must not change.
-- ``demo`` (``--demo``): the model of the bundle shipped in ``sam3track/demo_bundle/``. Every weight
-  matrix scales with the square of the FPN / tracker width, so halving that width and keeping one layer
-  where the code allows it makes the six graphs about four times smaller, small enough to ship.
-- ``mid`` (``--preset mid``): what the benchmarks measure (``python -m benchmarks.run``). Every width,
-  head count, query count and memory setting is the default ``Sam3VideoConfig``'s (the real model's);
-  only the image (504 px, a 36 x 36 grid), the ViT depth (4 layers, the last one global, window 18) and
-  the text encoder depth (2) are cut, so a frame takes seconds on a CPU, not minutes.
-- ``small`` (``--preset small``): SAM 3 at the SAM 3.1 reference harness's small config (224 px, ViT
-  256 x 2, text 256 x 2, DETR 2 + 2, the real tracker), the SAM 3 side of the 3.0 vs 3.1 benchmark.
+Every weight of rank >= 2 is redrawn as N(0, 1/fan_in) so activations stay O(1) and scores depend on the
+image; the result is an ordinary Hugging Face checkpoint directory the exporter loads like
+``facebook/sam3``. Why, and the presets (tiny, demo, mid, small): docs/testing.md, "The seeded SAM 3
+models".
 """
 
 from __future__ import annotations

@@ -2,26 +2,10 @@
 
     python -m graphs.check BUNDLE          # dispatched here by the manifest's family
 
-Two references, both at fp32 tolerances (the rules of graphs/check.py):
-
-- **Meta's own outputs** (when the bundle holds the checkpoint the SAM 3.1 reference harness seeds, and its
-  environment is built): the module dumps of reference/sam31/dump_modules.py, at every batch size dumped,
-  and the per-frame tracker features of reference/sam31/dump_frame_features.py (Meta's two grounding
-  paths: rounded to bfloat16 in a text add_prompt, float32 in propagation).
-- **Our torch wrappers** (graphs/sam31/detector.py, loaded from the bundle's checkpoint), at batch sizes
-  beyond the dumps: each wrapper batched against itself one row at a time, and each graph batched against
-  the wrapper one row at a time.
-
-Rules: relative error <= 1e-4 of the largest magnitude; outputs rounded to bfloat16 (the tracker levels
-of a rounded image) within one bfloat16 step or the fp32 bound; conv_s0 / conv_s1 of rounded levels within
-what one bfloat16 step of their input allows: an input element may land on the other rounding side only
-where its unrounded value lies within the fp32 bound of a rounding boundary, and the 1x1 conv carries such
-a step into the output by |weight| (see ``_conv_of_rounded_ok``). Unrounded values meet those rules too,
-so rounded outputs must also be closer to the reference's rounded path than to its float32 path on the
-same image, and a rounded level 2 must hold bfloat16 values (``Sam31Checker.compare_rounded``).
-
-Checks are registered per graph (``CHECKS``, ``register``), so the tracker graphs (propagation decoder,
-memory encoder, interactive decoder, mask init) add theirs without touching the others.
+Checks are registered per graph (``CHECKS``, ``register``); the tracker graphs' come from
+tracker_check.py.
+The two references and the rules for bf16-rounded outputs (``_conv_of_rounded_ok``,
+``Sam31Checker.compare_rounded``): docs/sam31.md, "Checks and the reference".
 """
 
 from __future__ import annotations

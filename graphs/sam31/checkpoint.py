@@ -1,18 +1,8 @@
 """Reading Meta's SAM 3.1 checkpoint (``sam3.1_multiplex.pt``) onto transformers' SAM 3 modules.
 
-Meta ships SAM 3.1 as one flat dict of tensors, keys ``detector.*`` and ``tracker.model.*`` (Meta's
-internal names ``sam3_model.`` / ``sam2_predictor.`` are accepted too, as Meta's own loader accepts
-them), optionally under a ``"model"`` key, as a ``.pt`` file or a ``.safetensors`` mirror. There is no
-config: every size comes from the tensors' shapes (a ``small_config.json`` beside the file, as the
-reference harness writes for its seeded model, is checked against them).
-
-The detector half (ViT, three necks, CLIP text encoder, geometry encoder, DETR encoder and decoder,
-dot-product scoring, segmentation head) is the same architecture as SAM 3's and maps onto
-transformers' ``Sam3Model`` plus two more ``Sam3VisionNeck``s (``propagation_convs``,
-``interactive_convs``) and the two SAM decoders' ``conv_s0`` / ``conv_s1``, which the backbone applies
-(as Meta precomputes them per frame). Loading is strict: every checkpoint key is mapped, or listed in
-IGNORED with the reason, or belongs to the tracker half (TRACKER_PREFIXES: claimed by the tracker
-export, not by this module); every module tensor is filled; any mismatch is one error naming the keys.
+The detector half maps onto transformers' ``Sam3Model`` plus two more ``Sam3VisionNeck``s; the tracker
+half (TRACKER_PREFIXES) is claimed by the tracker export. Loading is strict: every key is mapped, or in
+IGNORED with the reason. File layouts and the mapping: docs/sam31.md, "The checkpoint".
 """
 
 from __future__ import annotations

@@ -1,29 +1,10 @@
 """SAM 3.1's detector-side graphs: thin torch wrappers around transformers' SAM 3 modules, and their specs.
 
-Boundaries follow Meta's per-frame flow (sam3_multiplex_base.py ``run_backbone_and_detection``):
-
-- ``backbone``: once per frame. The ViT trunk, the detector neck (``convs``, levels 0-2), and the
-  propagation neck (``propagation_convs``) with the multiplex SAM decoder's ``conv_s0`` / ``conv_s1``
-  applied to levels 0 / 1 (Meta precomputes them per frame). It also returns the trunk's output, so
-  the interactive neck runs only on frames that need it (clicks, births).
-- ``interactive_neck``: the third neck (``interactive_convs``) with the interactive SAM decoder's
-  ``conv_s0`` / ``conv_s1``, from the trunk's output.
-- ``text_encoder``: once per prompt.
-- ``grounding_head``: the detector for a batch of frames: geometry encoder (its CLS token only, as Meta
-  always appends it to a text prompt), DETR encoder and decoder, dot-product scoring, segmentation head.
-- ``box_grounding_head``: the same detector with box prompts (Meta's geometric prompt of a boxes
-  add_prompt, read on that frame only): the geometry encoder's box path (ROI align, roi_align.py) before
-  the CLS token. A graph of its own, so the per-frame grounding_head keeps its 33-token prompt; it holds
-  a second copy of the detector's DETR and segmentation-head weights (48 MB of 62 at the small config).
-
-bf16 rounding of the tracker levels: on a GPU Meta casts the propagation and interactive FPN levels to
-bfloat16 ("for all-gather", sam3_multiplex_detector.py:566 / :586) before the convs, but only on the
-single-frame grounding path (``forward_video_grounding_multigpu``, which a text ``add_prompt`` runs);
-the batched path that ``propagate_in_video`` runs (``_slice_batched_output``) keeps them float32. The
-reference run shows both (shim P8b counts the casts). So the backbone and the interactive neck take a
-per-image ``round_levels`` flag (1: round, as add_prompt; 0: float32, as propagation), rounded with the
-same exact float32 arithmetic graphs/sam3/modules.py uses for memories. The detector's own levels are never
-rounded.
+``backbone``, ``interactive_neck``, ``text_encoder``, ``grounding_head`` and ``box_grounding_head``, with
+boundaries from Meta's per-frame flow (sam3_multiplex_base.py ``run_backbone_and_detection``). The
+backbone and the interactive neck take a per-image ``round_levels`` flag (1: tracker levels rounded to
+bfloat16, as Meta's add_prompt; 0: float32, as its propagation). Each graph's role and why the rounding:
+docs/sam31.md, "The detector-side graphs".
 """
 
 from __future__ import annotations

@@ -1,23 +1,13 @@
 """Meta's SAM 3.1 predictor as a reference, seen from the project's environment (no Meta imports).
 
-Meta's code runs only in its own virtual environment (``python -m reference.sam31.build_env``); this
-module finds that environment, runs the scripts of ``reference/sam31/`` in it as subprocesses and caches
-what they write, keyed by everything that decides it:
+Finds Meta's virtual environment (``python -m reference.sam31.build_env``), runs the scripts of
+``reference/sam31/`` in it as subprocesses and caches what they write, keyed by everything that
+decides it.
 
-    <home>/outputs/<kind>-<key>/    kind = checkpoint | scenarios | modules
-    key = sha256(tarball sha256, env key, the script and harness sources, the arguments,
-                 the key of the checkpoint it reads)
+    python -m graphs.sam31.reference [--modules]    # make (or find) the cached outputs
 
-``<home>`` is ``$SAM3TRACK_SAM31_REFERENCE_HOME`` or ``~/.cache/sam3track/sam31-reference``. A folder is
-used only once its ``DONE.json`` is written (a run writes into ``<folder>.partial`` and renames).
-
-    from graphs.sam31 import reference as ref
-    r = ref.reference()            # None when the env is not built
-    r.checkpoint                   # .../sam3.1_multiplex.pt  (torch.load(weights_only=True) works here)
-    r.scenarios                    # folder of <scenario>.npz/.json (run_scenarios.py)
-    r.confident()                  # (checkpoint folder, scenarios) of make_checkpoint.py --confident
-    ref.load_scenario(r.scenarios, "text_one_bucket")   # JSON + responses with masks unpacked
-    r.modules()                    # folder of module input/output dumps (dump_modules.py), made on demand
+The API (``reference()``, ``load_scenario``): docs/sam31.md, "Checks and the reference"; the cache's
+layout and keys: reference/sam31/README.md.
 """
 
 from __future__ import annotations

@@ -1,17 +1,9 @@
 """ROI align as Meta's geometry encoder calls it (``torchvision.ops.roi_align(features, boxes, 7)``:
 spatial_scale 1, sampling_ratio -1, aligned False), without torchvision.
 
-torchvision is not a dependency: PyPI's wheels do not load beside the CPU build of torch this project
-pins. The exported graph holds ONNX's own RoiAlign (opset 16+, ``coordinate_transformation_mode
-"output_half_pixel"`` is torchvision's aligned=False, ``sampling_ratio 0`` its adaptive -1), which
-ONNX Runtime, OpenVINO and ATC implement; in torch (the graphs.check reference runs, and tracing)
-it is torchvision's CPU kernel restated with tensors: per box, bins of size max(extent, 1) / out,
-ceil(extent / out) samples per bin and axis, bilinear samples clamped as the kernel clamps them, the
-mean over a bin's samples. graphs.check compares the exported graph with Meta's (torchvision) outputs.
-
-Ascend: CANN's ops-cv repository has an ONNX RoiAlign parser (objdetect/roi_align/framework/
-roi_align_onnx_plugin.cpp) reading output_height / output_width / sampling_ratio / spatial_scale; whether
-it honours coordinate_transformation_mode "output_half_pixel" is unconfirmed (no CANN here to try).
+The exported graph holds ONNX's own RoiAlign; in torch it is torchvision's CPU kernel restated with
+tensors. Why not torchvision, the ONNX attributes, the kernel's rules and the open Ascend question:
+docs/sam31.md, "ROI align".
 """
 
 from __future__ import annotations

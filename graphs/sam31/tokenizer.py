@@ -1,23 +1,10 @@
 """A ``tokenizers`` tokenizer.json equivalent to Meta's SAM 3.1 ``SimpleTokenizer``.
 
-The runtime tokenizes with the ``tokenizers`` package (sam3track/tokenizer.py), which has no ftfy and
-no Python ``str.lower``. Meta's tokenizer (sam3/model/tokenizer_ve.py, the "lower" cleaning) does, per
-prompt:
+    python -m graphs.sam31.tokenizer       # regenerate ftfy_table.py (needs Meta's reference env)
 
-1. ``ftfy.fix_text``, then ``html.unescape`` twice, then strip;
-2. runs of whitespace -> one space, strip, ``str.lower``;
-3. splits with ``<start_of_text>|<end_of_text>|'s|'t|'re|'ve|'m|'ll|'d|[\\p{L}]+|[\\p{N}]|[^\\s\\p{L}\\p{N}]+``;
-4. maps each piece's UTF-8 bytes to GPT-2's byte alphabet and applies CLIP's BPE (``</w>`` ends a word)
-   with the first 48,894 merges of the vocab file; ids: 256 bytes, 256 bytes + ``</w>``, the merges,
-   then ``<start_of_text>`` 49406 and ``<end_of_text>`` 49407;
-5. ``[49406] + ids + [49407]``, cut to the context length with the last id set to 49407, padded with 0.
-
-Here step 1 becomes replace rules: every character ftfy and the HTML unescaping change on their own
-(``ftfy_table.py``, generated from Meta's ftfy), Unicode NFC, and the five XML entities. What ftfy does
-from context (mojibake such as ``cafÃ©``) and HTML entities beyond those five (``&#233;``, ``&eacute;``,
-entities without their ``;``) are not expressible as replace rules: those prompts tokenize differently
-(tests/test_sam31_export.py keeps them as a strict xfail). ``str.lower`` turns a capital sigma that ends
-a word into ``ς``; a replace rule does the same before the per-character lowercasing.
+Meta's text cleaning becomes replace rules (``ftfy_table.py``, Unicode NFC, the five XML entities) before
+CLIP's BPE; what ftfy does from context, and other HTML entities, tokenize differently. Meta's steps and
+those gaps: docs/sam31.md, "The tokenizer".
 """
 
 from __future__ import annotations

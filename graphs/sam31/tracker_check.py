@@ -4,14 +4,8 @@
     check_<graph>(bundle_or_onnx_dir, dumps) -> [graphs.check.Row]     (the graph registry calls these)
 
 ``dumps`` is the folder of reference/sam31/dump_modules.py (``graphs.sam31.reference.Reference.modules()``).
-Its ``*_step_*`` cases are Meta's own composite tracker steps on seeded inputs; each is fed to the graph
-through the documented transformation of graphs/sam31/tracker_feeds.py (pool rows, Meta's memory
-selection as indices, objects at their (bucket, slot), junk in empty slots), and this module compares.
-Criteria as graphs/check.py: relative error <= 1e-4 of the output's largest magnitude (the -1024
-no-object fill left out of the scale); bf16-stored memories within one bf16 step or that bound. Beyond
-the dumps: batched calls against one bucket / object at a time at sizes the dumps lack (5 buckets, mixed
-counts, holes), and padding invariance (extra padded memory / pointer entries, junk in empty slots,
-change nothing).
+How its cases are fed, the criteria and the checks beyond the dumps: docs/sam31.md, "Checks and the
+reference".
 """
 
 from __future__ import annotations

@@ -3,14 +3,9 @@
     python -m sam3track.testing.fake_atc --framework=5 --model=g.onnx --output=om/g --soc_version=Ascend910B2 \\
         --input_format=ND --input_shape="x:-1,3" --dynamic_batch_size=1,2,4 --precision_mode_v2=origin
 
-It checks the command line by the documented ATC rules (/work/shared/docs/ascend.md 1.1-1.3) and, when
-they hold, writes a fake OM artefact (format in /work/notes/om-contract.md) that the acl emulator loads:
-the ONNX bytes behind a JSON header describing what "was compiled". Everything comes from the command line
-and the --model ONNX, never from a converter's manifest, so a converter that plans one thing and asks atc
-for another is caught. Where ATC's behaviour is not documented the fake is stricter and says so in a comment.
-
-``install_fake_atc(bin_dir)`` writes an executable ``atc`` shim into bin_dir for tests to put on PATH.
-Needs onnx (and onnxruntime for shape inference); never torch.
+It checks the command line by the documented ATC rules and writes a fake OM artefact that the acl emulator
+loads; ``install_fake_atc(bin_dir)`` writes an ``atc`` shim for tests to put on PATH. Needs onnx (and
+onnxruntime for shape inference); never torch. What it checks and writes: docs/ascend.md, "The fake atc".
 """
 
 from __future__ import annotations

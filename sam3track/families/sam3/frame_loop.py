@@ -1,20 +1,9 @@
 """SAM 3's frame: its phases (the reference's `_det_track_one_frame`), run by the shared runner.
 
 `FrameLoop.step` runs one `Sam3Frame` through phases.run_frame, which fixes the order and what each
-phase may change (documented there once). SAM 3's part of each phase:
-
-1. backbone + grounding: one backbone call, one grounding_head call for all prompts (`ground`);
-2. propagation: one propagation_decoder call for all tracked objects;
-(each "one call" is one per chunk when a static-shape backend caps the batch: call_sizes.py)
-3. planning: every heuristic decided on host masks and scores (planning.py);
-4. execution: memory encoding, births (mask_init), removals, the registry updated from the plan;
-5. outputs: low-resolution masks per visible object (post-processing is the session's).
-
-User-prompted objects (clicks, boxes, refinements) go through the same propagation call, but the
-planning phase only manages the text-detected ones: user objects keep the tracker's own output and
-memory (as transformers' Sam3TrackerVideoModel) and only block births over them. A prompt call
-(`apply_clicks`) runs the interactive decoder for the prompted objects and the tracker for the others;
-it is not a tracked frame, so it does not go through the phases.
+phase may change; planning.py makes the decisions. A prompt call (`apply_clicks`) is not a tracked frame
+and does not go through the phases. SAM 3's part of each phase, and how user-prompted objects go through
+them: docs/architecture.md, "A frame's phases".
 """
 
 from __future__ import annotations

@@ -1,19 +1,9 @@
 """The multiplex memory bank: per-bucket memories, per-frame image features and per-bucket pointers in
-device pools, and Meta's rules for which stored frames a propagation step reads.
+device pools, and Meta's rules for which stored frames a propagation step reads (`select`).
 
-SAM 3 differs here (sam3track/memory_bank.py): there every object owns its memories and pointers. In
-3.1 a tracker state (TrackerState) owns, per stored frame, ONE memory map and ONE row of 16 slot
-pointers per bucket, shared by the bucket's objects; so removing an object changes what its
-bucket-mates attend to (its past memories still contain it; its slot pointer turns 0 from then on;
-its slot decodes as invalid). The pools hold rows:
-
-- memory_pool [HW, C]: one bucket's memory of one frame (bf16-rounded by the memory_encoder graph);
-- image_pool [HW, C]: the propagation features (level 2) of one frame, stored with its memories
-  (Meta's save_image_features), shared by the states encoded in the same call (reference counted);
-- pointer_pool [K, C]: one bucket's 16 slot pointers of one frame (0 in empty slots).
-
-The selection (`select`) is Meta's _prepare_memory_conditioned_features for this configuration, the
-same contract graphs/sam31/tracker_feeds.meta_memory_selection documents for the propagation_decoder.
+A tracker state owns, per stored frame, ONE memory map and ONE row of 16 slot pointers per bucket, shared
+by the bucket's objects. The pools and how this differs from SAM 3: docs/sam31.md, "The multiplex memory
+bank".
 """
 
 from __future__ import annotations

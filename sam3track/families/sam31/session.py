@@ -2,27 +2,11 @@
 
     session = predictor.start_session(video)
     first = session.add_prompt(frame_index=0, text="bike")   # runs that frame now: its FrameResult
-    for result in session.propagate("forward"):               # FrameResults in processing order
-        ...
+    for result in session.propagate("forward"): ...           # FrameResults in processing order
     session.remove_object(obj_id)                              # from every frame, cached ones included
 
-Where this follows Meta's SAM 3.1 predictor rather than sam3track's SAM 3 session:
-- a text add_prompt starts over (Meta resets the whole session state) and runs its frame at once,
-  returning that frame's result (SAM 3's add_prompt only registers the prompt);
-- "backward" starts one frame before start_frame, and "both" runs forward then backward;
-- a propagate() right after a full propagation from the first or last frame, or after only
-  remove_object calls, re-plays the cached results (Meta's "propagation_fetch");
-- objects removed by the hotstart rule are not hidden on the frames held back before their removal;
-- boxes are detector exemplars, not objects (SAM 3's tracker boxes): a boxes add_prompt starts over like
-  a text one, and only that frame's detection sees the boxes (Meta's per_frame_geometric_prompt is read by
-  its single-frame grounding alone; propagation, re-running the frame, detects with the text only).
-
-A second refinement of an object on a frame it was refined on and tracked through since is a
-PromptError: Meta's predictor fails on that request (an AssertionError in its tracker, recorded by the
-reference scenario refine_again), so there is nothing to be in parity with.
-
-A live stream (start_session(None), add_prompt(text=...), then track(frame) per frame) has no Meta
-counterpart: it gives what a video session gives on the same frames with hotstart_delay 0.
+Where it follows Meta rather than the SAM 3 session (prompts that start over, directions, replays,
+refinements, live streams): docs/sam31.md, "Where the session follows Meta".
 """
 
 from __future__ import annotations

@@ -1,20 +1,9 @@
 """SAM 3.1's tracker and its frame as the shared phases, with Meta's multiplex rules in each phase
 (Sam3MultiplexBase._det_track_one_frame_impl and the VideoTrackingMultiplexDemo tracker states).
 
-`Sam31Tracker.step` runs one `Sam31Frame` through phases.run_frame, the same order and contract as SAM
-3's frame (sam3track/families/sam3/frame_loop.py): backbone and grounding, propagation, planning, execution, outputs.
-Meta's planning phase also encodes the tracked objects' memories and updates its metadata in place; to
-keep planning free of changes, here it decides on a copy of the metadata, and execution encodes those
-memories first, then installs the metadata and scores, then runs births and removals: the same graph
-calls in Meta's order, the same results. Births and reconditioning (Meta's add_new_masks) live in
-mask_inputs.py, clicks in clicks.py.
-
-Graph calls per frame: one backbone, one grounding_head (box_grounding_head instead, on the frame of a
-boxes add_prompt), at most one propagation_decoder (every bucket of every tracker state in one batched
-call), one memory_encoder for the frame's memories (all buckets at once); frames with births add one
-interactive_neck, one mask_init and one memory_encoder per state that receives objects; reconditioning
-(every 16th frame, where Meta's rule fires) one mask_init per state it touches, sharing the frame's
-interactive_neck with the births.
+`Sam31Tracker.step` runs one `Sam31Frame` through phases.run_frame; births and reconditioning live in
+mask_inputs.py, clicks in clicks.py. How Meta's planning is kept free of changes, and the graph calls per
+frame: docs/sam31.md, "The runtime's frame".
 """
 
 from __future__ import annotations
