@@ -19,6 +19,7 @@ from typing import Iterator
 import numpy as np
 
 from .errors import ArgumentError, shown, whole_number_argument
+from .prompts import box_rows
 from .results import FrameResult
 
 __all__ = ["OfficialPredictor", "RequestError", "REQUEST_FIELDS", "STREAM_REQUEST_FIELDS"]
@@ -277,13 +278,7 @@ class OfficialPredictor:
     @staticmethod
     def _boxes(boxes, labels, rel: bool, w: int, h: int) -> list[list[float]]:
         """[x, y, w, h] boxes (fractions of the frame when rel) as [x0, y0, x1, y1] video pixels."""
-        try:
-            xywh = np.asarray(boxes, np.float64)
-        except (TypeError, ValueError):
-            xywh = None
-        if xywh is None or xywh.ndim not in (1, 2) or xywh.shape[-1] != 4 or xywh.size == 0:
-            raise RequestError(f"add_prompt: bounding_boxes must be [[x, y, w, h], ...], not {shown(boxes)}")
-        xywh = xywh.reshape(-1, 4)
+        xywh = box_rows(boxes, "add_prompt: bounding_boxes must be [[x, y, w, h], ...]", RequestError)
         if not np.isfinite(xywh).all() or (xywh[:, 2:] < 0).any():
             raise RequestError(f"add_prompt: bounding_boxes {shown(boxes)} need finite numbers and w, h >= 0")
         if labels is not None:

@@ -98,3 +98,15 @@ def parse_clicks(points, labels, boxes, height: int, width: int, where: str) -> 
     if len(point_labels) == 0:
         raise PromptError(f"{where}: no point and no box given; give points=[[x, y], ...] and/or boxes=[x0, y0, x1, y1]")
     return ClickPrompt(coords, point_labels)
+
+
+def box_rows(boxes, expected: str, error: type[Exception] = PromptError) -> np.ndarray:
+    """``boxes`` as float64 [N, 4] (one box or a list of boxes); else ``error`` with ``expected`` (what a
+    box list looks like, naming the call) and the value given."""
+    try:
+        rows = np.asarray(boxes, np.float64)
+    except (TypeError, ValueError):
+        rows = None
+    if rows is None or rows.ndim not in (1, 2) or rows.shape[-1] != 4 or rows.size == 0:
+        raise error(f"{expected}, not {shown(boxes)}")
+    return rows.reshape(-1, 4)

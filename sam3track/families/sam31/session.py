@@ -15,7 +15,7 @@ import numpy as np
 
 from ...errors import ObjectIdError, PromptError, VideoError, object_id_argument, shown
 from ...postprocess import masks_to_boxes
-from ...prompts import parse_clicks
+from ...prompts import box_rows, parse_clicks
 from ...results import FrameResult
 from ...session_base import SessionBase, check_direction, check_max_frames, check_stream_frame, clicked_object_id
 from .resize import bilinear
@@ -57,13 +57,7 @@ def box_prompt_of(predictor, frame: int, boxes, box_labels, height: int, width: 
     if "box_grounding_head" not in predictor.graphs:
         raise PromptError(f"{where}: this bundle has no box_grounding_head graph (it was exported before box "
                           "prompts were supported); export it again with python -m graphs.export --family sam3.1")
-    try:
-        xyxy = np.asarray(boxes, np.float64)
-    except (TypeError, ValueError):
-        xyxy = None
-    if xyxy is None or xyxy.ndim not in (1, 2) or xyxy.shape[-1] != 4 or xyxy.size == 0:
-        raise PromptError(f"{where}: boxes must be [[x0, y0, x1, y1], ...] in video pixels, not {shown(boxes)}")
-    xyxy = xyxy.reshape(-1, 4)
+    xyxy = box_rows(boxes, f"{where}: boxes must be [[x0, y0, x1, y1], ...] in video pixels")
     h, w = height, width
     if not np.isfinite(xyxy).all():
         raise PromptError(f"{where}: boxes {shown(boxes)} are not all finite numbers")
