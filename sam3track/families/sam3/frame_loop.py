@@ -6,7 +6,8 @@ phase may change (documented there once). SAM 3's part of each phase:
 1. backbone + grounding: one backbone call, one grounding_head call for all prompts (`ground`);
 2. propagation: one propagation_decoder call for all tracked objects;
 (each "one call" is one per chunk when a static-shape backend caps the batch: call_sizes.py)
-3. planning: every heuristic decided on host masks and scores (planning.py);
+3. planning: every heuristic decided on host masks and scores (planning.py), births only within
+   max_num_objects and what the pools still hold, so that execution never runs out of rows;
 4. execution: memory encoding, births (mask_init), removals, the registry updated from the plan;
 5. outputs: low-resolution masks per visible object (post-processing is the session's).
 
@@ -19,6 +20,7 @@ it is not a tracked frame, so it does not go through the phases.
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -26,11 +28,11 @@ import numpy as np
 from ... import mask_ops
 from ...backends import Backend, DeviceTensor
 from ...call_sizes import chunks, fixed_size, pad_rows
-from ...errors import CapacityError
+from ...errors import CapacityError, CapacityWarning
 from ...phases import FramePhases, run_frame
 from .memory import MemoryBank, MemoryEntry
 from .objects import ObjectRegistry
-from .planning import Detections, FramePlan, plan_frame
+from .planning import BirthsNotMade, Detections, FramePlan, PoolRoom, plan_frame
 
 REMOVED_SCORE = -1e4  # what the reference reports for objects its heuristics removed on this frame
 
@@ -151,6 +153,17 @@ class FrameLoop:
                           np.concatenate(prompt_ids))
 
     # ---------------------------------------------------------------------------- 2. propagation
+    def pool_room(self, frame: int, managed: list[int], user: list[int]) -> PoolRoom:
+        """What the pools hold for this frame's births, read after propagation: each birth takes a pointer
+        and a memory, after the memories of the objects tracked now (and, with match_reference_quirks,
+        their memories encoded again on a frame with births)."""
+        bank = self.bank
+        encoded = len(managed) + sum(not bank.has_cond(o, frame) for o in user)
+        again = sum(not bank.has_cond(o, frame) for o in managed) if self.config.match_reference_quirks else 0
+        births = min(bank.pointers.free_rows, bank.memories.free_rows - encoded - again)
+        held = self.config.objects_held(bank.memories.capacity, bank.pointers.capacity)
+        return PoolRoom(held, max(births, 0))
+
     def propagate(self, features, frame: int, reverse: bool, num_frames: int | None) -> Propagation:
         obj_ids = self.objects.obj_ids
         n, size = len(obj_ids), self.config.low_res_mask_size
@@ -277,6 +290,28 @@ class FrameLoop:
         for obj_id in plan.removed_obj_ids | plan.retired_obj_ids:
             objects.drop(obj_id)
             bank.remove_object(obj_id)
+        if plan.not_born is not None:
+            self._births_not_made(plan.not_born, frame)
+
+    def _births_not_made(self, not_born: BirthsNotMade, frame: int) -> None:
+        """Count births over the cap; the first time in a session, one warning names the count and the
+        setting (warning every frame would flood a stream that stays over the cap)."""
+        objects = self.objects
+        first = objects.births_not_made == 0
+        objects.births_not_made += not_born.count
+        if not first:
+            return
+        limit = (f"max_num_objects is {not_born.cap}" if not_born.setting == "max_num_objects"
+                 else "the device pools' free rows hold no more (pool_objects)" if not_born.by_rows
+                 else f"the device pools hold {not_born.cap} objects at once (pool_objects)")
+        om = " (an OM bundle: convert it again with larger --gears memory_rows/pointer_rows)" \
+            if not_born.setting == "pool_objects" else ""
+        warnings.warn(
+            f"frame {frame}: {not_born.count} new objects were not made: {len(objects)} objects are tracked and "
+            f"{limit}. Births beyond the cap are not made (the reference's max_num_objects rule); tracked objects "
+            f"keep their ids. To track more at once, load the bundle with a larger {not_born.setting} "
+            f"(sam3track.load(..., {not_born.setting}=N)){om}. Warned once per session: later births over the cap "
+            "are left out without a warning", CapacityWarning)
 
     # ------------------------------------------------------------------------------- the frame
     def step(self, pixels: np.ndarray, text, frame: int, reverse: bool, streaming: bool,
@@ -424,8 +459,9 @@ class Sam3Frame(FramePhases[Grounded, Tracked, FramePlan, FrameOutput]):
 
     def plan(self, grounded: Grounded, tracked: Tracked) -> FramePlan:
         detected = tracked.detected
+        room = self.loop.pool_room(self.frame, detected.obj_ids, tracked.user.obj_ids)
         return plan_frame(self.frame, self.reverse, self.streaming, grounded.det, detected.masks, detected.scores,
-                          tracked.managed, self.loop.config, user_masks=tracked.user.raw)
+                          tracked.managed, self.loop.config, user_masks=tracked.user.raw, room=room)
 
     def execute(self, grounded: Grounded, tracked: Tracked, plan: FramePlan) -> None:
         self.loop.execute(grounded.features, plan, grounded.det, tracked.detected, tracked.user, self.frame)
