@@ -4,7 +4,8 @@
 phase may change (documented there once). SAM 3's part of each phase:
 
 1. backbone + grounding: one backbone call, one grounding_head call for all prompts (`ground`);
-2. propagation: one propagation_decoder call for all tracked objects;
+2. propagation: one propagation_decoder call for all tracked objects, once the pool rows the frame
+   takes are known to be free (else a CapacityError that leaves the session as it was);
 (each "one call" is one per chunk when a static-shape backend caps the batch: call_sizes.py)
 3. planning: every heuristic decided on host masks and scores (planning.py), births only within
    max_num_objects and what the pools still hold, so that execution never runs out of rows;
@@ -153,6 +154,39 @@ class FrameLoop:
                           np.concatenate(prompt_ids))
 
     # ---------------------------------------------------------------------------- 2. propagation
+    def check_room(self, frame: int, pointers: int, memories: int) -> None:
+        """A CapacityError naming the setting to raise when the pools lack the rows a frame takes, given
+        before the frame changes anything: the session stays as it was, and usable. (Births are planned
+        within the rows left, so the frame cannot run out later.)"""
+        short = [f"{need} rows of the {pool.name} ({pool.free_rows} of its {pool.capacity - 1} are free)"
+                 for pool, need in ((self.bank.pointers, pointers), (self.bank.memories, memories))
+                 if need > pool.free_rows]
+        if short:
+            raise CapacityError(
+                f"frame {frame} needs {' and '.join(short)}: the {len(self.objects)} objects tracked now hold more "
+                "rows than the pools were sized for. Nothing of this frame was applied and the session is usable: "
+                "load the bundle with a larger pool_objects (sam3track.load(..., pool_objects=N); for an OM "
+                "bundle, convert it again with larger --gears memory_rows/pointer_rows), or remove objects "
+                "(session.remove_object) and give the frame again")
+
+    def frame_rows(self, frame: int) -> tuple[int, int]:
+        """The (pointer, memory) rows a tracked frame takes before its births: a pointer for each object
+        propagated (all but those on a conditioning frame of their own), a memory for each object
+        encoded (all but user-prompted objects on their conditioning frames), less the memories that
+        propagation frees by replacing the objects' earlier outputs of this frame (a frame tracked again)."""
+        bank, objects = self.bank, self.objects
+        fresh = [o for o in objects.obj_ids if bank.cond_entry(o, frame) is None]
+        encoded = [o for o in objects.obj_ids if not (objects[o].interactive and bank.has_cond(o, frame))]
+        earlier = [bank.entry(o, frame) for o in fresh]
+        replaced = sum(e is not None and e.memory_row is not None for e in earlier)
+        return len(fresh), len(encoded) - replaced
+
+    def click_rows(self, frame: int, obj_id: int) -> tuple[int, int]:
+        """The (pointer, memory) rows a prompt call on `frame` takes at most (apply_clicks): the prompted
+        object's output and memory, and those of every other object not on a conditioning frame there."""
+        others = sum(o != obj_id and self.bank.cond_entry(o, frame) is None for o in self.objects.obj_ids)
+        return 1 + others, 1 + others
+
     def pool_room(self, frame: int, managed: list[int], user: list[int]) -> PoolRoom:
         """What the pools hold for this frame's births, read after propagation: each birth takes a pointer
         and a memory, after the memories of the objects tracked now (and, with match_reference_quirks,
@@ -449,6 +483,7 @@ class Sam3Frame(FramePhases[Grounded, Tracked, FramePlan, FrameOutput]):
 
     def propagate(self, grounded: Grounded) -> Tracked:
         objects = self.loop.objects
+        self.loop.check_room(self.frame, *self.loop.frame_rows(self.frame))  # before anything changes
         managed = objects.detector_view()  # taken before propagation, as the reference's frame starts
         old_ids = managed.obj_ids
         user_ids = [o for o in objects.obj_ids if objects[o].interactive]
