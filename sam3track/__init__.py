@@ -1,8 +1,9 @@
 """sam3track: SAM 3 video tracking from exported graphs, without PyTorch at run time."""
 
 from . import moved as _moved
-from .errors import (ArgumentError, BackendError, BundleError, CapacityError, FrameIndexError, ObjectIdError,
-                     OutputBusyError, PromptError, Sam3TrackError, SessionBusyError, SessionClosedError, VideoError)
+from .errors import (ArgumentError, BackendError, BundleError, CapacityError, CapacityWarning, FrameIndexError,
+                     ObjectIdError, OutputBusyError, PromptError, Sam3TrackError, SessionBusyError,
+                     SessionClosedError, VideoError)
 from .results import FrameResult
 from .tracking_session import TrackingSession
 
@@ -20,5 +21,5 @@ def load(bundle_dir, backend: str = "onnxruntime", device: str = "cpu", **option
 
 
 __all__ = ["load", "FrameResult", "TrackingSession", "Sam3TrackError", "ArgumentError", "BackendError",
-           "BundleError", "CapacityError", "VideoError", "PromptError", "FrameIndexError", "ObjectIdError",
-           "OutputBusyError", "SessionBusyError", "SessionClosedError", "__version__"]
+           "BundleError", "CapacityError", "CapacityWarning", "VideoError", "PromptError", "FrameIndexError",
+           "ObjectIdError", "OutputBusyError", "SessionBusyError", "SessionClosedError", "__version__"]

@@ -77,6 +77,11 @@ class CapacityError(Sam3TrackError):
     """A video needs more of a bounded resource (objects, memory rows) than the configuration allows."""
 
 
+class CapacityWarning(UserWarning):
+    """A bounded resource capped what a session does, which it survives: new objects beyond what the
+    device pools hold (or beyond max_num_objects) are not made, as the reference's max_num_objects does."""
+
+
 class SessionBusyError(Sam3TrackError):
     """A session is asked to do something while one of its propagate() generators is still running."""
 

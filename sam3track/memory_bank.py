@@ -46,6 +46,11 @@ class DevicePool:
         return self.tensor.shape[0]
 
     @property
+    def free_rows(self) -> int:
+        """Rows `allocate` can hand out now."""
+        return int(self.free.sum())
+
+    @property
     def used(self) -> int:
         """Rows holding data (the zero row excluded)."""
         return int((~self.free).sum()) - 1

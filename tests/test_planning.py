@@ -90,7 +90,7 @@ def test_the_registry_keeps_no_per_frame_history(config):
     """Counters instead of frame lists, no per-frame score tables: a record's size does not grow."""
     fields = {f.name: f.type for f in dataclasses.fields(TrackedObject)}
     assert "unmatched_count" in fields and "unmatched_frames" not in fields
-    assert {f.name for f in dataclasses.fields(ObjectRegistry)} == {"objects", "max_obj_id"}
+    assert {f.name for f in dataclasses.fields(ObjectRegistry)} == {"objects", "max_obj_id", "births_not_made"}
     reg = _registry(TrackedObject(0, prompt=0, first_frame=0, score=0.9, keep_alive=30, last_visible=0))
     track = _square(0, 0)[None]
     for frame in range(1, 200):  # a long life: the plan's update has the same size every frame

@@ -79,7 +79,9 @@ class TrackerConfig:
     max_conditioning_frames: int = 16
     # The device pools of memories and object pointers have a fixed size, set when a session starts
     # (a static-shape backend compiles them into its graphs): room for this many objects tracked at
-    # once, with the typical memories each. A video that needs more raises CapacityError naming it.
+    # once, with the typical memories each. Births beyond it are not made, as beyond max_num_objects
+    # (one CapacityWarning names the count); a frame the pools still cannot hold raises CapacityError
+    # naming this setting, and changes nothing.
     pool_objects: int = 64
     # A click that refines a text-detected object drops that object's detector-made conditioning frames
     # (its birth, reconditioned frames) within this many frames of the click, so the frames around the
@@ -100,9 +102,15 @@ class TrackerConfig:
         return {
             "memories": selected_cond + self.num_maskmem - 1,
             "pointers": kept_cond + self.max_object_pointers_in_encoder - 1,
-            "memory_rows": 1 + self.pool_objects * (self.num_maskmem + 8),
-            "pointer_rows": 1 + self.pool_objects * (self.max_object_pointers_in_encoder + 8),
+            "memory_rows": 1 + self.pool_objects * (self.num_maskmem + ROWS_BEYOND_WINDOW),
+            "pointer_rows": 1 + self.pool_objects * (self.max_object_pointers_in_encoder + ROWS_BEYOND_WINDOW),
         }
+
+    def objects_held(self, memory_rows: int, pointer_rows: int) -> int:
+        """How many objects pools of these sizes hold at once: the inverse of capacities() (pool_objects
+        for pools sized from this config; an OM bundle's pools are the sizes it was compiled for)."""
+        return min((memory_rows - 1) // (self.num_maskmem + ROWS_BEYOND_WINDOW),
+                   (pointer_rows - 1) // (self.max_object_pointers_in_encoder + ROWS_BEYOND_WINDOW))
 
     @classmethod
     def from_manifest(cls, manifest: dict, **overrides) -> "TrackerConfig":
@@ -133,6 +141,8 @@ class TrackerConfig:
         return cls(**values)
 
 
+# Pool rows per object beyond its recent window (conditioning frames, frames pinned for a "both" pass)
+ROWS_BEYOND_WINDOW = 8
 # Geometry and preprocessing the graphs were exported with: changing them breaks the graphs.
 FIXED_BY_MODEL = frozenset({"image_size", "rescale_factor", "image_mean", "image_std", "text_length", "pad_token_id",
                             "low_res_mask_size", "feature_grid", "hidden_dim", "memory_dim", "num_queries",

@@ -8,6 +8,7 @@ them: docs/architecture.md, "A frame's phases".
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -15,11 +16,11 @@ import numpy as np
 from ... import mask_ops
 from ...backends import Backend, DeviceTensor
 from ...call_sizes import chunks, fixed_size, pad_rows
-from ...errors import CapacityError
+from ...errors import CapacityError, CapacityWarning
 from ...phases import FramePhases, run_frame
 from .memory import MemoryBank, MemoryEntry
 from .objects import ObjectRegistry
-from .planning import Detections, FramePlan, plan_frame
+from .planning import BirthsNotMade, Detections, FramePlan, PoolRoom, plan_frame
 
 REMOVED_SCORE = -1e4  # what the reference reports for objects its heuristics removed on this frame
 
@@ -140,6 +141,50 @@ class FrameLoop:
                           np.concatenate(prompt_ids))
 
     # ---------------------------------------------------------------------------- 2. propagation
+    def check_room(self, frame: int, pointers: int, memories: int) -> None:
+        """A CapacityError naming the setting to raise when the pools lack the rows a frame takes, given
+        before the frame changes anything: the session stays as it was, and usable. (Births are planned
+        within the rows left, so the frame cannot run out later.)"""
+        short = [f"{need} rows of the {pool.name} ({pool.free_rows} of its {pool.capacity - 1} are free)"
+                 for pool, need in ((self.bank.pointers, pointers), (self.bank.memories, memories))
+                 if need > pool.free_rows]
+        if short:
+            raise CapacityError(
+                f"frame {frame} needs {' and '.join(short)}: the {len(self.objects)} objects tracked now hold more "
+                "rows than the pools were sized for. Nothing of this frame was applied and the session is usable: "
+                "load the bundle with a larger pool_objects (sam3track.load(..., pool_objects=N); for an OM "
+                "bundle, convert it again with larger --gears memory_rows/pointer_rows), or remove objects "
+                "(session.remove_object) and give the frame again")
+
+    def frame_rows(self, frame: int) -> tuple[int, int]:
+        """The (pointer, memory) rows a tracked frame takes before its births: a pointer for each object
+        propagated (all but those on a conditioning frame of their own), a memory for each object
+        encoded (all but user-prompted objects on their conditioning frames), less the memories that
+        propagation frees by replacing the objects' earlier outputs of this frame (a frame tracked again)."""
+        bank, objects = self.bank, self.objects
+        fresh = [o for o in objects.obj_ids if bank.cond_entry(o, frame) is None]
+        encoded = [o for o in objects.obj_ids if not (objects[o].interactive and bank.has_cond(o, frame))]
+        earlier = [bank.entry(o, frame) for o in fresh]
+        replaced = sum(e is not None and e.memory_row is not None for e in earlier)
+        return len(fresh), len(encoded) - replaced
+
+    def click_rows(self, frame: int, obj_id: int) -> tuple[int, int]:
+        """The (pointer, memory) rows a prompt call on `frame` takes at most (apply_clicks): the prompted
+        object's output and memory, and those of every other object not on a conditioning frame there."""
+        others = sum(o != obj_id and self.bank.cond_entry(o, frame) is None for o in self.objects.obj_ids)
+        return 1 + others, 1 + others
+
+    def pool_room(self, frame: int, managed: list[int], user: list[int]) -> PoolRoom:
+        """What the pools hold for this frame's births, read after propagation: each birth takes a pointer
+        and a memory, after the memories of the objects tracked now (and, with match_reference_quirks,
+        their memories encoded again on a frame with births)."""
+        bank = self.bank
+        encoded = len(managed) + sum(not bank.has_cond(o, frame) for o in user)
+        again = sum(not bank.has_cond(o, frame) for o in managed) if self.config.match_reference_quirks else 0
+        births = min(bank.pointers.free_rows, bank.memories.free_rows - encoded - again)
+        held = self.config.objects_held(bank.memories.capacity, bank.pointers.capacity)
+        return PoolRoom(held, max(births, 0))
+
     def propagate(self, features, frame: int, reverse: bool, num_frames: int | None) -> Propagation:
         obj_ids = self.objects.obj_ids
         n, size = len(obj_ids), self.config.low_res_mask_size
@@ -266,6 +311,28 @@ class FrameLoop:
         for obj_id in plan.removed_obj_ids | plan.retired_obj_ids:
             objects.drop(obj_id)
             bank.remove_object(obj_id)
+        if plan.not_born is not None:
+            self._births_not_made(plan.not_born, frame)
+
+    def _births_not_made(self, not_born: BirthsNotMade, frame: int) -> None:
+        """Count births over the cap; the first time in a session, one warning names the count and the
+        setting (warning every frame would flood a stream that stays over the cap)."""
+        objects = self.objects
+        first = objects.births_not_made == 0
+        objects.births_not_made += not_born.count
+        if not first:
+            return
+        limit = (f"max_num_objects is {not_born.cap}" if not_born.setting == "max_num_objects"
+                 else "the device pools' free rows hold no more (pool_objects)" if not_born.by_rows
+                 else f"the device pools hold {not_born.cap} objects at once (pool_objects)")
+        om = " (an OM bundle: convert it again with larger --gears memory_rows/pointer_rows)" \
+            if not_born.setting == "pool_objects" else ""
+        warnings.warn(
+            f"frame {frame}: {not_born.count} new objects were not made: {len(objects)} objects are tracked and "
+            f"{limit}. Births beyond the cap are not made (the reference's max_num_objects rule); tracked objects "
+            f"keep their ids. To track more at once, load the bundle with a larger {not_born.setting} "
+            f"(sam3track.load(..., {not_born.setting}=N)){om}. Warned once per session: later births over the cap "
+            "are left out without a warning", CapacityWarning)
 
     # ------------------------------------------------------------------------------- the frame
     def step(self, pixels: np.ndarray, text, frame: int, reverse: bool, streaming: bool,
@@ -403,6 +470,7 @@ class Sam3Frame(FramePhases[Grounded, Tracked, FramePlan, FrameOutput]):
 
     def propagate(self, grounded: Grounded) -> Tracked:
         objects = self.loop.objects
+        self.loop.check_room(self.frame, *self.loop.frame_rows(self.frame))  # before anything changes
         managed = objects.detector_view()  # taken before propagation, as the reference's frame starts
         old_ids = managed.obj_ids
         user_ids = [o for o in objects.obj_ids if objects[o].interactive]
@@ -413,8 +481,9 @@ class Sam3Frame(FramePhases[Grounded, Tracked, FramePlan, FrameOutput]):
 
     def plan(self, grounded: Grounded, tracked: Tracked) -> FramePlan:
         detected = tracked.detected
+        room = self.loop.pool_room(self.frame, detected.obj_ids, tracked.user.obj_ids)
         return plan_frame(self.frame, self.reverse, self.streaming, grounded.det, detected.masks, detected.scores,
-                          tracked.managed, self.loop.config, user_masks=tracked.user.raw)
+                          tracked.managed, self.loop.config, user_masks=tracked.user.raw, room=room)
 
     def execute(self, grounded: Grounded, tracked: Tracked, plan: FramePlan) -> None:
         self.loop.execute(grounded.features, plan, grounded.det, tracked.detected, tracked.user, self.frame)

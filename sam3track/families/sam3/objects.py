@@ -77,6 +77,7 @@ class TrackedObject:
 class ObjectRegistry:
     objects: dict[int, TrackedObject] = field(default_factory=dict)  # live ids in tracker (batch) order
     max_obj_id: int = -1  # ids are never reused, even after removal
+    births_not_made: int = 0  # new detections over the cap (max_num_objects, pool_objects) left out so far
 
     @property
     def obj_ids(self) -> list[int]:

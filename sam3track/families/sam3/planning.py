@@ -48,6 +48,25 @@ class ObjectUpdate:
     duplicates: dict[int, int]  # first-born object id -> frames both matched one detection
 
 
+@dataclass(frozen=True)
+class PoolRoom:
+    """What the device pools hold, read before planning: births are planned only within it, so that
+    the execution phase never runs out of rows halfway."""
+
+    objects: int  # objects tracked at once (pool_objects, or what a compiled bundle's pools hold)
+    births: int  # new objects the free rows hold on this frame, after the rows of the objects tracked now
+
+
+@dataclass(frozen=True)
+class BirthsNotMade:
+    """New detections over the cap, which become no object (the reference's max_num_objects rule)."""
+
+    count: int
+    cap: int  # objects at once that the binding limit allows
+    setting: str  # the option that sets that limit: max_num_objects or pool_objects
+    by_rows: bool = False  # the pools' free rows bound first (objects holding more rows than their share)
+
+
 @dataclass
 class FramePlan:
     association: Association
@@ -62,13 +81,15 @@ class FramePlan:
     memory_scores: np.ndarray  # [N] object score logits for memory (+-10 by mask area)
     updates: dict[int, ObjectUpdate] = field(default_factory=dict)  # per tracked object
     births: list[TrackedObject] = field(default_factory=list)
+    not_born: BirthsNotMade | None = None  # detections that would be new objects over the cap
 
 
 def plan_frame(frame: int, reverse: bool, streaming: bool, det: Detections, track_masks: np.ndarray,
                track_scores: np.ndarray, objects: ObjectRegistry, config,
-               user_masks: np.ndarray | None = None) -> FramePlan:
+               user_masks: np.ndarray | None = None, room: PoolRoom | None = None) -> FramePlan:
     """`objects` are the objects the heuristics manage; `user_masks` [U, L, L] the logits of this frame's
-    user-prompted objects, which the heuristics never touch but which block births over them."""
+    user-prompted objects, which the heuristics never touch but which block births over them; `room`
+    what the device pools hold (None: no limit but max_num_objects)."""
     obj_ids = objects.obj_ids
     trk_prompts = np.asarray([objects[o].prompt for o in obj_ids], np.int64)
     assoc = associate(det.masks, det.scores, det.prompt_ids, track_masks, obj_ids, trk_prompts, config)
@@ -80,10 +101,7 @@ def plan_frame(frame: int, reverse: bool, streaming: bool, det: Detections, trac
         # duplicate is born (the same IoU rule that stops births over tracked objects of its prompt).
         overlap = mask_ops.mask_iou(det.masks[new_inds] > 0, user_masks > 0).max(axis=1)
         new_inds = [d for d, iou in zip(new_inds, overlap) if iou < config.assoc_iou_thresh]
-    if num_user + len(obj_ids) + len(new_inds) > config.max_num_objects:  # keep the best-scoring new detections
-        keep = config.max_num_objects - len(obj_ids) - num_user
-        order = np.argsort(-det.scores[new_inds], kind="stable")[:max(keep, 0)]
-        new_inds = [new_inds[i] for i in order]
+    new_inds, not_born = _births_under_cap(new_inds, det.scores, len(obj_ids) + num_user, config, room)
     new_ids = objects.new_ids(len(new_inds))
     births = [TrackedObject(obj_id=o, prompt=int(det.prompt_ids[d]), first_frame=frame, score=float(det.scores[d]),
                             keep_alive=config.init_trk_keep_alive, last_visible=frame)
@@ -123,7 +141,26 @@ def plan_frame(frame: int, reverse: bool, streaming: bool, det: Detections, trac
         memory_scores = memory_scores.astype(np.float32)
     retired = _unseen_too_long(frame, updates, removed, config)
     return FramePlan(assoc, new_inds, new_ids, removed, retired, suppressed, reconditioned, track_masks,
-                     memory_masks, memory_scores, updates, births)
+                     memory_masks, memory_scores, updates, births, not_born)
+
+
+def _births_under_cap(new_inds: list[int], scores: np.ndarray, tracked: int, config,
+                      room: PoolRoom | None) -> tuple[list[int], BirthsNotMade | None]:
+    """The new detections that become objects: all of them while the objects fit under max_num_objects
+    and what the pools hold, else the best-scoring ones that fit (the reference's max_num_objects rule,
+    which the pools' size joins: a pool that cannot take another object makes no birth, rather than
+    failing the frame); and what was left out, naming the limit that binds."""
+    cap, setting = config.max_num_objects, "max_num_objects"
+    if room is not None and room.objects < cap:
+        cap, setting = room.objects, "pool_objects"
+    keep, by_rows = cap - tracked, False
+    if room is not None and room.births < keep:  # objects holding more rows than their share
+        keep, setting, by_rows = room.births, "pool_objects", True
+    if len(new_inds) <= keep:
+        return new_inds, None
+    keep = max(keep, 0)
+    order = np.argsort(-scores[new_inds], kind="stable")[:keep]
+    return [new_inds[i] for i in order], BirthsNotMade(len(new_inds) - keep, cap, setting, by_rows)
 
 
 def _hotstart(frame, reverse, streaming, assoc: Association, births: list[TrackedObject], objects: ObjectRegistry,

@@ -139,6 +139,7 @@ class Sam3Session(SessionBase):
                                         reuse_ids=False)
         merged = self.clicks.merged(obj_id, frame_index, click, clear_old, where)
         self.loop.check_points(len(merged), frame_index)
+        self.loop.check_room(frame_index, *self.loop.click_rows(frame_index, obj_id))
         # everything is checked: from here on the session changes
         if new:
             objects.add(TrackedObject(obj_id=obj_id, prompt=-1, first_frame=frame_index, score=1.0,
@@ -311,14 +312,18 @@ class Sam3Session(SessionBase):
 
         As in the reference's streaming mode, hotstart removals are off (no future frames to judge by),
         so objects the offline run would remove within `hotstart_delay` frames can appear here.
+        New objects beyond what the pools hold (pool_objects) or max_num_objects are not made (one
+        CapacityWarning per session); a frame that still raises CapacityError changes nothing.
         """
         self._check_open()
         self._check_idle("track() was called")
         if self.source is not None:
             raise VideoError("track() feeds a live stream; this session reads a video: use session.propagate()")
-        frame, self._stream_size = check_stream_frame(frame, self.stream_index, self._stream_size)
+        frame, size = check_stream_frame(frame, self.stream_index, self._stream_size)
         index = self.stream_index
         out = self._run_frame(index, frame, reverse=False, streaming=True, num_frames=index + 1)
+        # a frame that raised (CapacityError) changed nothing: the stream goes on from the same index
+        self._stream_size = size
         self.stream_index += 1
         return self._result(out, *frame.shape[:2])
 
