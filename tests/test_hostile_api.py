@@ -1,4 +1,4 @@
-"""Every mistake a caller can make gets one Sam3TrackError naming what is wrong; the session stays usable."""
+"""Hostile input through the Python API (issue 25), beside the other test_hostile_*.py files. Every mistake a caller can make gets one Sam3TrackError naming what is wrong; the session stays usable."""
 
 from __future__ import annotations
 
