@@ -146,18 +146,21 @@ def _non_overlap_in_place(masks: np.ndarray, scores: np.ndarray, prompt_ids: lis
         masks[idx[~positive]] = False  # scores <= 0 and NaN keep nothing
 
 
-def build_result(output, prompts: list[str], height: int, width: int, hidden: set[int] = frozenset()) -> FrameResult:
+def build_result(output, prompts: list[str], height: int, width: int, hidden: set[int] = frozenset(),
+                 shown: set[int] = frozenset()) -> FrameResult:
     """The reference processor's postprocess_outputs: upsample, drop empty and hidden, boxes, non-overlap.
 
     `hidden`: ids removed after this frame while its result was held back (the frame's own suppressed
-    and removed ids are in the output already)."""
+    and removed ids are in the output already). `shown`: ids kept even with an empty mask (the object
+    a prompt call was for)."""
     ids = sorted(output.masks)
     if not ids:
         return FrameResult.empty(output.frame_index, height, width)
     low = np.stack([output.masks[i] for i in ids])
     masks = upsample_masks(low, height, width)
     hidden = output.suppressed | set(hidden)
-    keep = masks.reshape(len(ids), -1).any(axis=1) & np.asarray([i not in hidden for i in ids])
+    keep = ((masks.reshape(len(ids), -1).any(axis=1) | np.asarray([i in shown for i in ids]))
+            & np.asarray([i not in hidden for i in ids]))
     if not keep.all():
         ids = [i for i, k in zip(ids, keep) if k]
         masks = masks[keep]

@@ -58,7 +58,7 @@ def test_a_click_adds_an_object_shown_at_once_and_tracked_from_its_frame(predict
         result = s.add_prompt(frame_index=3, points=[_centre(frames)], labels=[1])
         assert isinstance(result, sam3track.FrameResult) and result.frame_index == 3
         assert s.object_ids == [0]
-        assert result.object_ids.tolist() in ([0], [])  # an empty mask is not shown, as officially
+        assert result.object_ids.tolist() == [0]  # the prompted object, even if its mask were empty
         assert result.tracker_probs.dtype == np.float32 and result.tracker_probs.shape == result.object_ids.shape
         tracked = list(s.propagate())  # starts at the prompted frame, as the reference does
         assert [r.frame_index for r in tracked] == list(range(3, len(frames)))
@@ -83,6 +83,30 @@ def test_clicks_accumulate_per_object_and_frame_unless_cleared(predictor, frames
         with pytest.raises(sam3track.PromptError, match="a box must come before any click"):
             s.add_prompt(frame_index=0, boxes=[10, 10, 50, 40], obj_id=5)
         assert s.object_ids == [5]
+
+
+def test_a_new_object_with_an_empty_mask_is_in_its_prompts_result(predictor, frames, monkeypatch):
+    """The README's `obj_id=r.object_ids[-1]` must name the object just made, even when the decoder
+    finds nothing there: the prompted object is always in the prompt call's result."""
+    from sam3track.families.sam3.frame_loop import FrameLoop
+
+    apply = FrameLoop.apply_clicks
+
+    def nothing_for_the_new_object(self, features, frame, requests, num_frames):
+        out = apply(self, features, frame, requests, num_frames)
+        for r in requests:
+            out.masks[r.obj_id] = np.full_like(out.masks[r.obj_id], -10.0)  # an empty mask
+        return out
+
+    with predictor.start_session(frames) as s:
+        first = s.add_prompt(frame_index=1, boxes=[150, 40, 420, 250])
+        assert first.object_ids.tolist() == [0] and first.masks[0].any()
+        monkeypatch.setattr(FrameLoop, "apply_clicks", nothing_for_the_new_object)
+        r = s.add_prompt(frame_index=1, points=[[20, 20]], labels=[1])
+        assert s.object_ids == [0, 1] and r.object_ids.tolist() == [0, 1] and r.object_ids[-1] == 1
+        assert not r.masks[1].any() and r.boxes_xyxy[1].tolist() == [0, 0, 0, 0]
+        assert len(r.tracker_probs) == len(r.scores) == len(r.prompts) == 2
+        assert 1 in s.add_prompt(frame_index=1, points=[[30, 30]], obj_id=r.object_ids[-1]).object_ids
 
 
 def test_decoder_output_is_the_mask_on_the_prompted_frame_and_stays_after_repropagation(predictor, frames):

@@ -99,8 +99,9 @@ class Sam3Session(SessionBase):
           becomes a conditioning memory that later frames follow. Clicks add to that object's earlier
           clicks on the frame (as the reference's processor does); `clear_old_points=True` starts over.
         Returns that frame's FrameResult right away (every object on it), as the official predictor
-        does. User-prompted objects are tracked by the tracker's own rules and never removed by the
-        detector's heuristics.
+        does; the prompted object is in it even when its mask is empty, so `r.object_ids[-1]` after
+        a new object is that object. User-prompted objects are tracked by the tracker's own rules and
+        never removed by the detector's heuristics.
         """
         self._check_open()
         if points is None and boxes is None and labels is None:
@@ -156,7 +157,7 @@ class Sam3Session(SessionBase):
         # correction yield to it (dropped after the correction, which read them, as the official
         # predictor does; a clicked object has none)
         self.bank.drop_detector_conditioning(obj_id, frame_index, self.config.refinement_cond_frame_window)
-        return self._result(out, h, w)
+        return build_result(out, self.prompts, h, w, shown={obj_id})
 
     TRACKER_HEAD = ("tracker_feat_s0", "tracker_feat_s1", "tracker_feat")
 
