@@ -140,7 +140,7 @@ def clicks_run(bundle, frames, **load_options):
     every result in order (the prompt calls' own results included)."""
     with sam3track.load(bundle, **load_options) as predictor, predictor.start_session(frames) as s:
         out = [s.add_prompt(frame_index=0, points=[[200, 120], [420, 60]], labels=[1, 0])]
-        out.append(s.add_prompt(frame_index=0, points=[[250, 140]], obj_id=0))  # accumulates: 3 points
+        out.append(s.add_prompt(frame_index=0, points=[[250, 140]], obj_id=0, clear_old_points=False))  # 3 points
         out.append(s.add_prompt(frame_index=5, boxes=[300, 80, 500, 220]))      # 2 points
         s.add_prompt(frame_index=0, text=PROMPTS[1])
         out += list(s.propagate())

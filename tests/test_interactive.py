@@ -69,20 +69,26 @@ def test_a_click_adds_an_object_shown_at_once_and_tracked_from_its_frame(predict
         assert s.object_ids == [0, 1]  # a box without obj_id: the next new object
 
 
-def test_clicks_accumulate_per_object_and_frame_unless_cleared(predictor, frames):
+def test_clicks_replace_the_frames_earlier_ones_by_default_and_accumulate_when_asked(predictor, frames):
+    """clear_old_points defaults to True, as the official request API and transformers' clear_old_inputs."""
     with predictor.start_session(frames) as s:
         s.add_prompt(frame_index=0, points=[[20, 20]], obj_id=5)
-        s.add_prompt(frame_index=0, points=[[40, 30]], labels=[0], obj_id=5)
+        s.add_prompt(frame_index=0, points=[[40, 30]], labels=[0], obj_id=5, clear_old_points=False)
         assert s.clicks.prompts[5][0].labels.tolist() == [1, 0]
-        s.add_prompt(frame_index=2, points=[[40, 30]], obj_id=5)
+        s.add_prompt(frame_index=2, points=[[40, 30]], obj_id=5, clear_old_points=False)
         assert s.clicks.prompts[5][2].labels.tolist() == [1]  # another frame: its own list
-        s.add_prompt(frame_index=0, points=[[30, 30]], obj_id=5, clear_old_points=True)
-        assert s.clicks.prompts[5][0].labels.tolist() == [1]
-        s.add_prompt(frame_index=0, boxes=[10, 10, 50, 40], points=[[30, 30]], obj_id=5, clear_old_points=True)
+        s.add_prompt(frame_index=0, points=[[30, 30]], labels=[0], obj_id=5)  # the default starts over
+        assert s.clicks.prompts[5][0].labels.tolist() == [0]
+        s.add_prompt(frame_index=0, boxes=[10, 10, 50, 40], points=[[30, 30]], obj_id=5)
         assert s.clicks.prompts[5][0].labels.tolist() == [2, 3, 1]  # box corners first, as the processor
         with pytest.raises(sam3track.PromptError, match="a box must come before any click"):
-            s.add_prompt(frame_index=0, boxes=[10, 10, 50, 40], obj_id=5)
+            s.add_prompt(frame_index=0, boxes=[10, 10, 50, 40], obj_id=5, clear_old_points=False)
         assert s.object_ids == [5]
+    import inspect
+
+    from sam3track.compat import OfficialPredictor  # one default for the Python and the request API
+    assert inspect.signature(type(s).add_prompt).parameters["clear_old_points"].default is True
+    assert "clear_old_points\", True)" in inspect.getsource(OfficialPredictor._add_prompt)
 
 
 def test_a_new_object_with_an_empty_mask_is_in_its_prompts_result(predictor, frames, monkeypatch):

@@ -85,7 +85,7 @@ class Sam3Session(SessionBase):
 
     # ------------------------------------------------------------------------------- prompts
     def add_prompt(self, frame_index: int = 0, text: str | None = None, points=None, labels=None, boxes=None,
-                   obj_id: int | None = None, clear_old_points: bool = False):
+                   obj_id: int | None = None, clear_old_points: bool = True):
         """Add a text prompt, or clicks and a box for one object.
 
         Text (`text=`): found on every frame as in the reference; returns its prompt index.
@@ -96,8 +96,9 @@ class Sam3Session(SessionBase):
         default all 1), `boxes=[x0, y0, x1, y1]`, in video pixels) on frame `frame_index`:
         - `obj_id` None or an id not tracked: a new object (None takes the next free id);
         - the id of a tracked object (text-detected or clicked): refines it on that frame; the result
-          becomes a conditioning memory that later frames follow. Clicks add to that object's earlier
-          clicks on the frame (as the reference's processor does); `clear_old_points=True` starts over.
+          becomes a conditioning memory that later frames follow. `clear_old_points=True` (the default,
+          as the official request API and transformers' `clear_old_inputs`) replaces the object's
+          earlier clicks on the frame; False adds to them.
         Returns that frame's FrameResult right away (every object on it), as the official predictor
         does; the prompted object is in it even when its mask is empty, so `r.object_ids[-1]` after
         a new object is that object. User-prompted objects are tracked by the tracker's own rules and
