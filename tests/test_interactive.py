@@ -65,6 +65,8 @@ def test_a_click_adds_an_object_shown_at_once_and_tracked_from_its_frame(predict
         assert s.object_ids == [0]
         both = list(s.propagate(direction="both"))
         assert [r.frame_index for r in both] == list(range(3, len(frames))) + [2, 1, 0]
+        # backward starts where the reference tracker starts it too: the earliest prompted frame
+        assert [r.frame_index for r in s.propagate(direction="backward")] == [3, 2, 1, 0]
         assert s.add_prompt(frame_index=0, boxes=[10, 10, 60, 50]).frame_index == 0
         assert s.object_ids == [0, 1]  # a box without obj_id: the next new object
 

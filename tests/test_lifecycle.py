@@ -96,7 +96,7 @@ def test_two_propagate_generators_on_one_session_are_refused(tiny_bundle, frames
             s.reset()
         assert len(list(first)) == 7  # the first one is undisturbed
         first.close()
-        assert [r.frame_index for r in s.propagate(direction="backward", max_frames=3)] == [7, 6, 5]
+        assert [r.frame_index for r in s.propagate(direction="backward", start_frame=7, max_frames=3)] == [7, 6, 5]
         abandoned = s.propagate()
         next(abandoned)
         abandoned.close()  # closing a generator frees the session for the next call

@@ -230,9 +230,10 @@ class Sam3Session(SessionBase):
 
         Outputs are held back `hotstart_delay` frames (as the reference does) so that objects removed by
         the hotstart heuristics are never shown. `start_frame` defaults to the earliest frame a prompt
-        was given on (the last frame for "backward"). "backward" runs from start_frame down to 0,
-        "both" runs forward then backward from start_frame - 1 on the same state. Arguments are checked
-        here, before the first frame is asked for.
+        was given on, whatever the direction (the reference tracker's rule). "backward" runs from
+        start_frame down to 0, "both" runs forward then backward from start_frame - 1 on the same
+        state (docs/api.md, "Where propagate() starts"). Arguments are checked here, before the first
+        frame is asked for.
         """
         self._check_open()
         if self.source is None:
@@ -240,8 +241,7 @@ class Sam3Session(SessionBase):
         check_direction(direction)
         n = self.num_frames
         if start_frame is None:
-            first_prompted = self.first_prompted_frame
-            start_frame = first_prompted if direction != "backward" else max(first_prompted, n - 1)
+            start_frame = self.first_prompted_frame
         self._check_frame(start_frame, "start_frame")
         check_max_frames(max_frames)
         passes = []
