@@ -105,6 +105,18 @@ class DevicePool:
     def _in_place(rows: np.ndarray, size: int) -> bool:
         return bool(rows.size) and size == rows.size and bool(np.all(np.diff(rows) == 1))
 
+    def read(self, rows: np.ndarray) -> np.ndarray:
+        """Host copies of `rows` (one transfer)."""
+        return self.backend.to_host(self.tensor, rows=np.asarray(rows, np.int64))
+
+    def write(self, rows: np.ndarray, values: np.ndarray) -> None:
+        """pool[rows] = values (host rows, uploaded once, then one device copy per run of rows)."""
+        staged = self.backend.upload(np.ascontiguousarray(values, self.dtype).reshape((len(rows),) + self.row_shape))
+        try:
+            self._copy_rows(staged, np.arange(len(rows)), self.tensor, np.asarray(rows))
+        finally:
+            self.backend.free(staged)
+
     def reset(self) -> None:
         """Every row free and zero again (session reset)."""
         capacity = self.capacity

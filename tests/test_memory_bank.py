@@ -138,7 +138,8 @@ def test_to_host_returns_owned_arrays_and_gathers_rows_in_one_copy(backend):
 
 def _config(**overrides):
     values = dict(feature_grid=2, memory_dim=2, hidden_dim=4, num_maskmem=7, max_cond_frame_num=4,
-                  max_object_pointers_in_encoder=16, max_conditioning_frames=0)
+                  max_object_pointers_in_encoder=16, max_conditioning_frames=0, memory_store_ram_mib=1,
+                  memory_store_disk_mib=1)
     values.update(overrides)
     return SimpleNamespace(**values)
 

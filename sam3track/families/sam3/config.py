@@ -88,6 +88,14 @@ class TrackerConfig:
     # correction follow it rather than the detection it corrects (Meta's official predictor,
     # refinement_detector_cond_frame_removal_window). 0 keeps them all.
     refinement_cond_frame_window: int = 16
+    # Memories and object pointers of frames tracked earlier leave the device pools once the next frame
+    # no longer reads them; outside live streams they go to a host store, so that a correction on a
+    # frame tracked long ago (or a pass started in the middle) reads what the reference reads. The
+    # store keeps up to memory_store_ram_mib MiB in host memory, then up to memory_store_disk_mib MiB
+    # in a temporary folder (removed on close); beyond both the oldest go first. 0 and 0: no store
+    # (such reads use what the device still holds). docs/corrections.md has the sizes per config.
+    memory_store_ram_mib: int = 256
+    memory_store_disk_mib: int = 16384
 
     def capacities(self) -> dict[str, int]:
         """The fixed sizes of the propagation decoder's bounded axes (an OM bundle compiles these;
@@ -157,7 +165,7 @@ _PROBABILITIES = ("score_threshold_detection", "det_nms_thresh", "assoc_iou_thre
 _WHOLE_NUMBERS = {
     "hotstart_delay": 0, "hotstart_unmatch_thresh": 0, "hotstart_dup_thresh": 0, "fill_hole_area": 0,
     "recondition_every_nth_frame": 0, "retire_unseen_after": 0, "max_conditioning_frames": 0, "max_num_objects": 1,
-    "pool_objects": 1, "refinement_cond_frame_window": 0,
+    "pool_objects": 1, "refinement_cond_frame_window": 0, "memory_store_ram_mib": 0, "memory_store_disk_mib": 0,
     "num_maskmem": 1, "max_cond_frame_num": -1, "max_object_pointers_in_encoder": 1, "image_size": 1,
     "text_length": 1, "pad_token_id": 0, "low_res_mask_size": 1, "feature_grid": 1, "hidden_dim": 1,
     "memory_dim": 1, "num_queries": 1, "init_trk_keep_alive": None, "max_trk_keep_alive": None,

@@ -15,9 +15,11 @@ What is kept (the reference keeps every output forever; this keeps what a later 
   0 keeps all, as the reference). In a live stream the spatial memory of a conditioning frame that
   can no longer be selected (older than the `max_cond_frame_num` newest, more than num_maskmem-1
   frames back) is freed: frames only come later there;
-- non-conditioning entries are freed once they are too far behind the current frame for the next
-  frame in the same direction, or a click on the current frame, to read them. A later call that continues where the last one stopped
-  finds what the reference would; frames a later pass of the same call reads are pinned.
+- non-conditioning entries leave the device once they are too far behind the current frame for the
+  next frame in the same direction, or a click on the current frame, to read them. Outside a live
+  stream they go to a budgeted host store (sam3track/memory_store.py) and come back, bit for bit,
+  when a frame reads them again (a correction on a frame tracked long ago, a pass started in the
+  middle): the reference's reads, with the device holding one window (docs/corrections.md).
 """
 
 from __future__ import annotations
@@ -30,6 +32,9 @@ from ...backends import Backend, DeviceTensor
 from ...errors import CapacityError, Sam3TrackError
 
 from ...memory_bank import ZERO_ROW, DevicePool, select_closest_cond_frames
+from ...memory_store import HostStore
+
+MIB = 1 << 20
 
 
 @dataclass
@@ -94,6 +99,8 @@ class MemoryBank:
         self.pointers = DevicePool(backend, (config.hidden_dim,), pointer_rows, name="pointer pool")
         self.objects: dict[int, ObjectMemory] = {}
         self.pinned_frames: set[int] = set()  # frames a later pass of the same call still reads
+        # rows evicted from the pools: ("m" | "p", obj id, frame) -> memory row | pointer row + score
+        self.store = HostStore(config.memory_store_ram_mib * MIB, config.memory_store_disk_mib * MIB)
 
     # ------------------------------------------------------------------------------- writing
     def add(self, obj_id: int, frame: int, entry: MemoryEntry, cond: bool) -> None:
@@ -104,6 +111,7 @@ class MemoryBank:
         old = mem.cond.pop(frame, None) or mem.non_cond.pop(frame, None)
         if old is not None:
             self._release(old)
+        self._forget_stored(obj_id, frame)  # what the store kept of this frame is replaced
         (mem.cond if cond else mem.non_cond)[frame] = entry
 
     def entry(self, obj_id: int, frame: int) -> MemoryEntry | None:
@@ -123,9 +131,11 @@ class MemoryBank:
         mem = self.objects[obj_id]
         if frame in mem.non_cond:
             mem.cond[frame] = mem.non_cond.pop(frame)
+            self._forget_stored(obj_id, frame)
 
     def set_memory_rows(self, obj_ids: list[int], frame: int, rows: np.ndarray) -> None:
         for obj_id, row in zip(obj_ids, rows):
+            self.store.discard(("m", obj_id, frame))
             entry = self.entry(obj_id, frame)
             if entry.memory_row is not None:
                 self.memories.release([entry.memory_row])
@@ -147,18 +157,25 @@ class MemoryBank:
         if mem is not None:
             for entry in list(mem.cond.values()) + list(mem.non_cond.values()):
                 self._release(entry)
+        self.store.discard_where(lambda key: key[1] == obj_id)
 
     def clear(self) -> None:
         """Forget every object; every pool row is free and zero again."""
         self.objects.clear()
         self.pinned_frames.clear()
+        self.store.clear()
         self.memories.reset()
         self.pointers.reset()
 
     def close(self) -> None:
         self.objects.clear()
+        self.store.close()
         self.memories.close()
         self.pointers.close()
+
+    def _forget_stored(self, obj_id: int, frame: int) -> None:
+        self.store.discard(("m", obj_id, frame))
+        self.store.discard(("p", obj_id, frame))
 
     def _release(self, entry: MemoryEntry) -> None:
         self.memories.release([entry.memory_row])
@@ -173,8 +190,9 @@ class MemoryBank:
         (or not in the bank yet) get padding only.
 
         A frame visited out of order (a click on a frame tracked earlier, a propagate() starting behind
-        where the last one ended) reads the memories still held: those eviction already freed are
-        skipped, where the reference, which keeps everything, would read them."""
+        where the last one ended) first gets back from the store what eviction moved there (`recall`);
+        only what the store's caps dropped is skipped, where the reference would read it."""
+        self.recall([o for o in obj_ids if o not in empty], frame, reverse, num_frames)
         per_object = [([], []) if o in empty or o not in self.objects
                       else self._select(o, frame, reverse, num_frames, exclude_frame) for o in obj_ids]
         n = len(obj_ids)
@@ -235,7 +253,8 @@ class MemoryBank:
             # One frame more than the next frame reads: a click on the frame just tracked (a
             # refinement, which reads the frames before it) finds every memory the reference reads.
             keep_memory, keep_pointer = keep_memory + 1, keep_pointer + 1
-        for mem in self.objects.values():
+        leaving = []  # (obj id, frame, entry, whole entry or only its spatial memory)
+        for obj_id, mem in self.objects.items():
             for t in list(mem.non_cond):
                 behind = (t - frame) if reverse else (frame - t)
                 if t in self.pinned_frames:
@@ -244,11 +263,9 @@ class MemoryBank:
                 if t != frame:  # only the current frame can still be promoted to a conditioning frame
                     entry.low_res_mask = None  # a full-size [288, 288] float mask is 324 KiB of host memory
                 if behind >= keep_pointer:
-                    self._release(entry)
-                    del mem.non_cond[t]
+                    leaving.append((obj_id, t, mem.non_cond.pop(t), True))
                 elif behind >= keep_memory and entry.memory_row is not None:
-                    self.memories.release([entry.memory_row])
-                    entry.memory_row = None
+                    leaving.append((obj_id, t, entry, False))
             self._limit_conditioning(mem, frame)
             if streaming and cfg.max_cond_frame_num != -1:
                 newest = sorted(mem.cond, reverse=True)[:cfg.max_cond_frame_num]
@@ -256,6 +273,81 @@ class MemoryBank:
                     if t not in newest and frame - t >= keep_memory and entry.memory_row is not None:
                         self.memories.release([entry.memory_row])
                         entry.memory_row = None
+        self._spill(leaving, keep=not streaming)
+
+    # ------------------------------------------------------------------- the host store
+    def _spill(self, leaving: list, keep: bool) -> None:
+        """Free the rows of `leaving` (obj id, frame, entry, whole): its spatial memory, and its pointer
+        too when whole; with `keep`, copied to the store first (one transfer per pool), unless the
+        store holds them already (rows never change while the entry lives)."""
+        for pool, kind, attr in ((self.memories, "m", "memory_row"), (self.pointers, "p", "pointer_row")):
+            going = [(o, t, e) for o, t, e, whole in leaving
+                     if getattr(e, attr) is not None and (whole or kind == "m")]
+            new = [(o, t, e) for o, t, e in going if keep and self.store.enabled and (kind, o, t) not in self.store]
+            if new:
+                host = pool.read(np.asarray([getattr(e, attr) for _, _, e in new]))
+                for (o, t, e), row in zip(new, host):
+                    self.store.put((kind, o, t), row if kind == "m" else np.append(row, np.float32(e.object_score)))
+            pool.release([getattr(e, attr) for _, _, e in going])
+            for _, _, e in going:
+                setattr(e, attr, None)
+
+    def _window(self, frame: int, reverse: bool, num_frames: int | None) -> tuple[set[int], set[int]]:
+        """The non-conditioning frames `frame` reads: (spatial memories, pointers)."""
+        step = 1 if reverse else -1
+
+        def frames(count: int) -> set[int]:
+            near = (frame + step * d for d in range(1, count))
+            return {t for t in near if t >= 0 and (num_frames is None or t < num_frames)}
+
+        return frames(self.config.num_maskmem), frames(self._max_pointers(num_frames))
+
+    def recall(self, obj_ids: list[int], frame: int, reverse: bool, num_frames: int | None) -> None:
+        """Put back on the device, from the store, the evicted memories and pointers that `frame` reads
+        (transformers reads them from the outputs it keeps forever). Room is made first by moving to
+        the store the entries `frame` does not read, when the pools lack it."""
+        if not len(self.store):
+            return
+        memories, pointers = self._window(frame, reverse, num_frames)
+        wanted = []  # (obj id, frame, pointer wanted, memory wanted)
+        for obj_id in obj_ids:
+            mem = self.objects.get(obj_id)
+            for t in sorted(memories | pointers) if mem is not None else ():
+                entry = mem.non_cond.get(t)
+                if t in mem.cond or (entry is None and ("p", obj_id, t) not in self.store):
+                    continue
+                need_memory = (t in memories and ("m", obj_id, t) in self.store
+                               and (entry is None or entry.memory_row is None))
+                if entry is None or need_memory:
+                    wanted.append((obj_id, t, entry is None, need_memory))
+        if not wanted:
+            return
+        self._make_room(frame, memories | pointers, sum(w[2] for w in wanted), sum(w[3] for w in wanted))
+        self._restore(wanted)
+
+    def _make_room(self, frame: int, reads: set[int], pointers: int, memories: int) -> None:
+        if self.pointers.free_rows >= pointers and self.memories.free_rows >= memories:
+            return
+        leaving = []
+        for obj_id, mem in self.objects.items():
+            for t in [t for t in mem.non_cond if t != frame and t not in reads and t not in self.pinned_frames]:
+                leaving.append((obj_id, t, mem.non_cond.pop(t), True))
+        self._spill(leaving, keep=True)
+
+    def _restore(self, wanted: list) -> None:
+        for pool, kind, index in ((self.pointers, "p", 2), (self.memories, "m", 3)):
+            items = [(w[0], w[1]) for w in wanted if w[index]]
+            if not items:
+                continue
+            values = np.stack([self.store.get((kind, o, t)) for o, t in items])
+            rows = pool.allocate(len(items))
+            pool.write(rows, values[:, :-1] if kind == "p" else values)
+            for (o, t), row, value in zip(items, rows, values):
+                mem = self.objects[o]
+                if kind == "p":
+                    mem.non_cond[t] = MemoryEntry(int(row), float(value[-1]))
+                else:
+                    mem.non_cond[t].memory_row = int(row)
 
     def _limit_conditioning(self, mem: ObjectMemory, frame: int) -> None:
         limit = self.config.max_conditioning_frames
