@@ -219,3 +219,67 @@ def test_forward_backward_forward_on_a_session_keeps_conditioning_intact(tiny_bu
                 assert set(after[obj_id]["conditioning"]) <= set(after[obj_id]["spatial_memory"])
 
 
+
+
+# ------------------------------------------------------------------ the host store (issue 31)
+
+def test_the_host_store_gives_values_back_bit_for_bit_from_memory_and_disk():
+    from sam3track.memory_store import HostStore
+
+    rng = np.random.default_rng(0)
+    bf16 = (rng.standard_normal((6, 4)).astype(np.float32).view(np.uint32) & 0xFFFF0000).view(np.float32)
+    plain = rng.standard_normal(5).astype(np.float32)  # not bf16-exact: kept whole
+    store = HostStore(ram_bytes=bf16.nbytes // 2 + plain.nbytes, disk_bytes=10 ** 6)
+    store.put("a", bf16)
+    assert store.ram_bytes == bf16.nbytes // 2  # 16 bits per value
+    store.put("b", plain)
+    store.put("c", bf16 * 2)  # over the RAM cap: the oldest ("a") goes to disk
+    assert store.disk_bytes == bf16.nbytes // 2 and store.ram_bytes <= store.ram_cap
+    folder = store._folder
+    assert folder.is_dir() and len(list(folder.iterdir())) == 1
+    for key, want in (("a", bf16), ("b", plain), ("c", bf16 * 2)):
+        got = store.get(key)
+        assert got.dtype == want.dtype and got.shape == want.shape and np.array_equal(got.view(np.uint32),
+                                                                                      want.view(np.uint32))
+    store.discard("a")
+    assert store.get("a") is None and store.disk_bytes == 0 and not list(folder.iterdir())
+    store.close()
+    assert not folder.exists()
+
+
+def test_the_host_store_drops_the_oldest_beyond_its_disk_cap():
+    from sam3track.memory_store import HostStore
+
+    row = np.ones(256, np.float32)  # bf16-exact: 512 bytes kept
+    store = HostStore(ram_bytes=0, disk_bytes=3 * 512)
+    for k in range(5):
+        store.put(k, row * k)
+    assert [k for k in range(5) if k in store] == [2, 3, 4] and store.dropped == 2
+    assert store.ram_bytes == 0 and store.disk_bytes == 3 * 512
+    assert np.array_equal(store.get(4), row * 4)
+    off = HostStore(0, 0)
+    off.put("x", row)
+    assert not off.enabled and "x" not in off and off._folder is None
+    store.close()
+
+
+def test_a_session_spills_to_a_folder_it_removes_on_close(tiny_bundle):
+    """With no host memory for it, what left the device is all on disk, in a folder of its own, gone
+    once the session closes; the pools hold one window, whatever the clip's length."""
+    from .test_parity import synthetic_frames
+
+    frames = synthetic_frames()[:24]
+    with sam3track.load(tiny_bundle, memory_store_ram_mib=0) as p:
+        s = p.start_session(frames)
+        s.add_prompt(frame_index=0, points=[[35, 60]], obj_id=1)
+        list(s.propagate())
+        store = s.bank.store
+        folder = store._folder
+        assert store.ram_bytes == 0 and store.disk_bytes > 0 and folder.is_dir()
+        held = s.bank.summary()[1]
+        assert held["spatial_memory"] == [0] + list(range(17, 24)) and held["pointers"] == [0] + list(range(8, 24))
+        assert ("m", 1, 5) in store and ("p", 1, 5) in store and ("m", 1, 20) not in store
+        s.add_prompt(frame_index=8, points=[[50, 60]], obj_id=1)  # reads frames 2..7 back from the store
+        assert set(range(2, 8)) <= set(s.bank.summary()[1]["spatial_memory"])
+        s.close()
+        assert not folder.exists() and len(store) == 0
