@@ -74,6 +74,13 @@ line numbers drift between releases):
 11. Objects that get their first input on a later frame are still tracked on earlier frames during forward
     propagation (from their conditioning memory, which lies in the future; their conditioning object pointers
     are only used at or after that frame, tv:2385-2390).
+12. sam3track keeps a correction of a tracked frame as a conditioning frame (Meta's official predictor,
+    add_all_frames_to_correct_as_cond). A prompt step with `as_cond=True` does the same here: the
+    prompted object's output of that frame (computed and memory-encoded exactly as in 4 and 7) moves
+    from non_cond_frame_outputs to cond_frame_outputs (appended) before the next step that is not
+    another click for that object and frame (as the official predictor consolidates its temporary
+    outputs, and as sam3track leaves the frame's own output out while clicks on it go on), so later
+    prompts and propagations reuse it (3) and read it as a conditioning memory.
 """
 
 from __future__ import annotations
@@ -236,8 +243,9 @@ def run_reference_tracker(bundle, frames: np.ndarray, script: list[dict], predic
     frames: uint8 [T, H, W, 3]. predictor: `sam3track.load(bundle)`, used only for its config (pixel values).
     script steps, in order:
     - a prompt: dict(frame=f, obj_id=i, points=[[x, y], ...] | None, labels=[1, 0, ...] | None,
-      box=[x0, y0, x1, y1] | None, clear_old=False), video pixels; a box needs clear_old=True (tp:702).
-      Adds the inputs (processor semantics) and calls `tracker(session, frame_idx=f)`: the immediate result.
+      box=[x0, y0, x1, y1] | None, clear_old=False, as_cond=False), video pixels; a box needs
+      clear_old=True (tp:702). Adds the inputs (processor semantics) and calls `tracker(session,
+      frame_idx=f)`: the immediate result; as_cond: see 12 in the module docstring.
     - a propagation: dict(propagate="forward" | "backward", start_frame=None, max_frames=None):
       `propagate_in_video_iterator(session, start_frame_idx, max_frame_num_to_track, reverse)`.
     `directions` ("forward", "backward") are propagations with the defaults appended to the script.
@@ -254,8 +262,18 @@ def run_reference_tracker(bundle, frames: np.ndarray, script: list[dict], predic
     seconds["features"] = time.perf_counter() - t0
     steps = list(script) + [{"propagate": d} for d in directions]
     events = []
+    pending = []  # (obj_idx, frame) corrections to move to the conditioning outputs (12)
+
+    def consolidate(step=None):
+        for obj_idx, frame in list(pending):
+            if step is None or (step.get("frame"), step.get("obj_id")) != (frame, session.obj_idx_to_id(obj_idx)):
+                kept = session.output_dict_per_obj[obj_idx]
+                kept["cond_frame_outputs"][frame] = kept["non_cond_frame_outputs"].pop(frame)
+                pending.remove((obj_idx, frame))
+
     with torch.no_grad():
         for step in steps:
+            consolidate(step)
             t0 = time.perf_counter()
             if "propagate" in step:
                 direction = step["propagate"]
@@ -276,12 +294,15 @@ def run_reference_tracker(bundle, frames: np.ndarray, script: list[dict], predic
             inputs = session.point_inputs_per_obj[obj_idx][frame]
             multimask = bool(tracker._use_multimask(init, inputs))
             out = tracker(inference_session=session, frame_idx=frame)
+            if step.get("as_cond") and not init and (obj_idx, frame) not in pending:
+                pending.append((obj_idx, frame))  # 12: the correction becomes a conditioning frame
             events.append(PromptOutput(
                 step=dict(step),
                 point_coords=inputs["point_coords"][0, 0].numpy().astype(np.float32),
                 point_labels=inputs["point_labels"][0, 0].numpy().astype(np.int32),
                 is_init_cond_frame=init, multimask=multimask, result=postprocess(out, hw)))
             seconds["prompts"] += time.perf_counter() - t0
+        consolidate()
     conditioning = {session.obj_idx_to_id(i): sorted(o["cond_frame_outputs"])
                     for i, o in session.output_dict_per_obj.items()}
     tracked = {session.obj_idx_to_id(i): sorted(f) for i, f in session.frames_tracked_per_obj.items()}
