@@ -31,6 +31,10 @@ from sam3track.batch import (  # noqa: E402
     read_ledger,
     track_videos,
 )
+from sam3track.batch.cluster import local_workers  # noqa: E402
+from sam3track.batch.driver import RETRIED_NOTE  # noqa: E402
+from sam3track.batch.ledger import VideoSummary  # noqa: E402
+from sam3track.commands.batch import summary_table  # noqa: E402
 from sam3track.commands.track import run_track  # noqa: E402
 from sam3track.demo import demo_bundle_path  # noqa: E402
 from sam3track.video import MaskVideoWriter, open_source, open_video  # noqa: E402
@@ -160,6 +164,10 @@ def test_two_workers_bad_videos_fail_alone_and_outputs_equal_track(
     assert sorted(str(Path(s.video)) for s in again if s.skipped) == sorted(map(str, clips["good"]))
     assert sorted(s.video for s in again if not s.skipped) == sorted(map(str, clips["bad"]))
     assert len(_ledger_lines(out)) == 8
+    last = read_ledger(out)  # attempts count over both runs; the last error stays with the video
+    for clip in clips["bad"]:
+        assert (last[str(clip)].attempts, last[str(clip)].last_error) == (2, last[str(clip)].reason)
+    assert all(last[str(clip)].attempts == 1 and last[str(clip)].last_error == "" for clip in clips["good"])
 
 
 def test_killed_worker_is_replaced_and_its_video_redone_once(
@@ -193,6 +201,9 @@ def test_killed_worker_is_replaced_and_its_video_redone_once(
     lines = _ledger_lines(out)
     assert sorted(line["video"] for line in lines) == sorted(map(str, clips["good"]))  # once each
     assert all(line["status"] == "done" for line in lines)
+    attempts = {line["video"]: (line["attempts"], line["last_error"]) for line in lines}
+    assert attempts.pop(killed[0][1]) == (2, RETRIED_NOTE)  # Ray's retry is counted and said
+    assert set(attempts.values()) == {(1, "")}
     started = {int(p.name) for p in pids.iterdir() if p.name.isdigit()}
     assert killed[0][0] in started and len(started) == 3  # 2 workers + the replacement
     _check_outputs_equal_track(out, clips["good"], references)
@@ -294,3 +305,30 @@ def test_a_torn_ledger_line_is_skipped_and_not_glued_to(
     assert [s.status for s in summaries] == ["done"]
     assert set(read_ledger(out)) == {str(clips["good"][0])}
     _check_outputs_equal_track(out, clips["good"][:1], references)
+
+
+def test_a_local_ray_starts_no_more_workers_than_cores_and_memory_hold() -> None:
+    notes: list[str] = []
+    gib = 2**30
+    assert local_workers(2, 2, None, cores=8, free=64 * gib, per_worker=gib, note=notes.append) == 2
+    assert notes == []  # fits: nothing to say
+    assert local_workers(100, 100, None, cores=2, free=64 * gib, per_worker=gib, note=notes.append) == 2
+    assert notes.pop() == ("local Ray: --workers 100 asked, starting 2 (2 cores at 1 CPU each hold no more); "
+                           "join a cluster with --address for more")
+    assert local_workers(8, 8, 2, cores=16, free=5 * gib, per_worker=2 * gib, note=notes.append) == 2
+    assert notes.pop() == ("local Ray: --workers 8 asked, starting 2 (5.0 GiB of free memory at about 2.0 GiB "
+                           "each hold no more); join a cluster with --address for more")
+    assert local_workers(3, 3, None, cores=4, free=None, per_worker=gib, note=notes.append) == 3  # unknown memory
+
+
+def test_the_final_table_lists_failures_and_counts_the_rest() -> None:
+    rows = [VideoSummary("/v/a.mp4", "done", frames=10, attempts=1),
+            VideoSummary("/v/b.mp4", "done", frames=5, skipped=True),
+            VideoSummary("/v/c.mp4", "failed", reason="not a readable video", attempts=3, seconds=0.5)]
+    lines = summary_table(rows, elapsed=2.0).splitlines()
+    assert lines[0].split() == ["status", "attempts", "seconds", "video:", "reason"]
+    assert lines[1].split() == ["failed", "3", "0.50", "/v/c.mp4:", "not", "a", "readable", "video"]
+    assert lines[2] == "1 done, 1 failed, 1 skipped (done before) in 2.0 s, 10 frames; 5.0 frames/s, 30.0 videos/min"
+    assert len(lines) == 3  # the done and skipped videos are counted, not listed
+    assert summary_table(rows[:1], elapsed=2.0).splitlines() == [
+        "1 done, 0 failed, 0 skipped (done before) in 2.0 s, 10 frames; 5.0 frames/s, 30.0 videos/min"]

@@ -153,10 +153,10 @@ def local_workers(wanted: int, asked: int, cpus: int | None, cores: int, free: i
     by_memory = max(1, free // per_worker) if free else wanted
     count = min(wanted, by_cores, by_memory)
     if count < wanted:
-        why = []
-        if by_cores < wanted:
+        why = []  # the limits that bind
+        if by_cores == count:
             why.append(f"{cores} cores at {cpus or 1} CPU{'s' if (cpus or 1) > 1 else ''} each")
-        if by_memory < wanted:
+        if by_memory == count:
             why.append(f"{free / 2**30:.1f} GiB of free memory at about {per_worker / 2**30:.1f} GiB each")
         note(f"local Ray: --workers {asked} asked, starting {count} ({' and '.join(why)} hold no more); "
              f"join a cluster with --address for more")
