@@ -37,6 +37,7 @@ from sam3track.batch.ledger import VideoSummary  # noqa: E402
 from sam3track.commands.batch import summary_table  # noqa: E402
 from sam3track.commands.track import run_track  # noqa: E402
 from sam3track.demo import demo_bundle_path  # noqa: E402
+from sam3track.errors import UsageError  # noqa: E402
 from sam3track.video import MaskVideoWriter, open_source, open_video  # noqa: E402
 
 from .conftest import HANG_SECONDS, communicate  # noqa: E402
@@ -332,3 +333,24 @@ def test_the_final_table_lists_failures_and_counts_the_rest() -> None:
     assert len(lines) == 3  # the done and skipped videos are counted, not listed
     assert summary_table(rows[:1], elapsed=2.0).splitlines() == [
         "1 done, 0 failed, 0 skipped (done before) in 2.0 s, 10 frames; 5.0 frames/s, 30.0 videos/min"]
+
+
+def test_inputs_in_an_object_store_and_the_output_folder_left_out() -> None:
+    """URLs through fsspec (its in-memory store here; S3 itself in test_batch_cluster.py): a prefix is a
+    folder searched for videos, a .txt object a list, each URL spelled as given; none under --out."""
+    import fsspec
+
+    fs = fsspec.filesystem("memory")
+    for name in ("in/a.mp4", "in/sub/b.MOV", "in/notes.md", "in/out/a-1234abcd.masks.mp4"):
+        fs.pipe(f"/bucket/{name}", b"x")
+    fs.pipe("/bucket/list.txt", b"in/a.mp4\n# a comment\ns3://other/z.mp4\n/abs/local.mp4\n")
+    assert collect_inputs(["memory://bucket/in/"], exclude="memory://bucket/in/out") == [
+        "memory://bucket/in/a.mp4", "memory://bucket/in/sub/b.MOV"]
+    assert collect_inputs(["memory://bucket/list.txt"]) == [
+        "memory://bucket/in/a.mp4", "s3://other/z.mp4", Path("/abs/local.mp4")]
+    assert output_name("memory://bucket/in/a.mp4").startswith("a-")
+    assert output_name("memory://bucket/in/a.mp4") != output_name("memory://bucket/x/a.mp4")
+    with pytest.raises(UsageError, match=r"^input not found: memory://bucket/missing$"):
+        collect_inputs(["memory://bucket/missing"])
+    with pytest.raises(UsageError, match=r"^nope://x: Protocol not known: nope; give a local path or a URL"):
+        collect_inputs(["nope://x"])

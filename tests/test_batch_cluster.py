@@ -1,8 +1,9 @@
 """``sam3track batch`` against a real Ray cluster, as a user runs it: ``ray start --head`` on localhost
 (its own temp dir, another working folder than the driver's; stopped at the end), the CLI joining it
 through --address or RAY_ADDRESS with relative paths, more workers than CPUs, --out inside the inputs,
-workers waiting for CPUs another job holds; and the errors that need no cluster (an address nobody
-answers, a folder with no videos). One cluster for the module; clips of a few frames, the demo bundle."""
+workers waiting for CPUs another job holds, inputs and outputs in S3 (moto's S3 server on localhost,
+spoken to by s3fs over HTTP); and the errors that need no cluster (an address nobody answers, a folder
+with no videos). One cluster for the module; clips of a few frames, the demo bundle."""
 
 from __future__ import annotations
 
@@ -40,10 +41,15 @@ NO_AUTH = {"RAY_AUTH_MODE": "disabled"}
 TABLE_LINE = re.compile(r"(status +attempts|failed +\d+ |\d+ done, \d+ failed, \d+ skipped \(done before\) in )")
 
 
+S3_ENV: dict[str, str] = {}  # set by the s3 fixture: where the S3 server is, and its test credentials
+
+
 def _env(**extra: str) -> dict[str, str]:
-    """This checkout's code first (in the CLI and, through the cluster's env, in its workers)."""
+    """This checkout's code first (in the CLI and, through the cluster's env, in its workers), the S3
+    server's address and credentials."""
     env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""), **NO_AUTH)
     env.pop("RAY_ADDRESS", None)
+    env.update(S3_ENV)
     env.update(extra)
     return env
 
@@ -87,7 +93,33 @@ def _our_processes(marker: str) -> list[int]:
 
 
 @pytest.fixture(scope="module")
-def cluster() -> str:
+def s3() -> str:
+    """moto's S3 server on a localhost port for the module (before the cluster, whose workers read
+    its address from their environment); the name of an empty bucket in it."""
+    from moto.server import ThreadedMotoServer
+
+    port = _free_port()
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    S3_ENV.update(AWS_ENDPOINT_URL=f"http://127.0.0.1:{port}", AWS_ACCESS_KEY_ID="testing",
+                  AWS_SECRET_ACCESS_KEY="testing", AWS_DEFAULT_REGION="us-east-1")
+    try:
+        _s3_client().create_bucket(Bucket="videos")
+        yield "videos"
+    finally:
+        server.stop()
+        S3_ENV.clear()
+
+
+def _s3_client():
+    import boto3
+
+    return boto3.client("s3", endpoint_url=S3_ENV["AWS_ENDPOINT_URL"], region_name="us-east-1",
+                        aws_access_key_id="testing", aws_secret_access_key="testing")
+
+
+@pytest.fixture(scope="module")
+def cluster(s3: str) -> str:
     """``ray start --head --block`` with CLUSTER_CPUS CPUs in its own temp dir and working folder;
     its address. SIGTERM at the end stops it and every process it started (checked)."""
     temp = tempfile.mkdtemp(prefix="r", dir="/tmp")  # short: Ray's socket paths must fit 107 bytes
@@ -259,3 +291,41 @@ def test_a_folder_with_no_videos_says_what_was_looked_for(tmp_path: Path) -> Non
     assert len(result.stderr.splitlines()) == 1, result.stderr
     assert result.stderr.startswith(f"error: no videos found in {tmp_path / 'empty'}: looked for files "
                                     f"ending .mp4 .m4v .mov .mkv .avi .webm"), result.stderr
+
+
+def test_inputs_outputs_and_ledger_in_s3(cluster: str, s3: str, clips: list[Path], tmp_path: Path) -> None:
+    """Videos read from S3, outputs uploaded whole once complete, the ledger an object beside them;
+    the outputs are what sam3track track writes for the same clip (the JSON naming the URL)."""
+    from sam3track.jobs import TrackJob, run_track
+
+    client = _s3_client()
+    for clip in clips[:2]:
+        client.upload_file(str(clip), s3, f"in/{clip.name}")
+    args = [f"s3://{s3}/in", "--bundle", str(demo_bundle_path()), "--out", f"s3://{s3}/out/",
+            "--address", cluster, "--workers", "2"]
+    result = _batch(args, tmp_path, "batch from S3 to S3")
+    assert result.returncode == 0, result.stderr
+    _table_only(result.stdout)
+    urls = [f"s3://{s3}/in/{clip.name}" for clip in clips[:2]]
+    names = {url: output_name(url) for url in urls}
+    keys = sorted(o["Key"] for o in client.list_objects_v2(Bucket=s3, Prefix="out/")["Contents"])
+    assert keys == sorted([f"out/{LEDGER_NAME}"] + [f"out/{n}{suffix}" for n in names.values()
+                                                     for suffix in (".json", ".masks.mp4")])  # no partials
+    ledger = [json.loads(line) for line in client.get_object(Bucket=s3, Key=f"out/{LEDGER_NAME}")["Body"]
+              .read().decode().splitlines()]
+    assert sorted(line["video"] for line in ledger) == sorted(urls)
+    assert all(line["outputs"]["mp4"] == f"s3://{s3}/out/{names[line['video']]}.masks.mp4" for line in ledger)
+
+    alone_mp4, alone_json = tmp_path / "alone.masks.mp4", tmp_path / "alone.json"
+    assert run_track(TrackJob(clips[0], ["person", "bike"], bundle=demo_bundle_path(), output=alone_mp4,
+                              json_path=alone_json)) == 0
+    name = names[urls[0]]
+    assert client.get_object(Bucket=s3, Key=f"out/{name}.masks.mp4")["Body"].read() == alone_mp4.read_bytes()
+    got = json.loads(client.get_object(Bucket=s3, Key=f"out/{name}.json")["Body"].read())
+    want = json.loads(alone_json.read_text())
+    assert got["metadata"].pop("video") == urls[0] and want["metadata"].pop("video") == str(clips[0])
+    assert got == want
+
+    again = _batch(args, tmp_path, "batch from S3 again")
+    assert again.returncode == 0, again.stderr
+    assert again.stdout.strip().startswith("0 done, 0 failed, 2 skipped (done before)"), again.stdout

@@ -61,7 +61,8 @@ def filesystem(url: str) -> tuple[Any, str]:
     try:
         return fsspec.core.url_to_fs(url)
     except ImportError as e:  # fsspec names the package of the protocol (e.g. "Install s3fs ...")
-        raise UsageError(f"{url}: {str(e).splitlines()[0]} ({CLOUD_EXTRA} installs s3fs and gcsfs)") from None
+        raise UsageError(f"{url}: {str(e).splitlines()[0]} ({CLOUD_EXTRA} installs s3fs; gs:// needs "
+                         f"gcsfs)") from None
     except ValueError as e:
         raise UsageError(f"{url}: {e}; give a local path or a URL fsspec knows (s3://, gs://, ...)") from None
 
@@ -89,7 +90,11 @@ def find_files(url: str) -> list[str] | None:
     """Every object under the URL ``url`` (sorted), ``[url]`` for one object, None when none is there."""
     fs, path = filesystem(url)
     if fs.isdir(path):
-        return sorted(fs.unstrip_protocol(p) for p in fs.find(path))
+        base = path.rstrip("/")
+        # Each URL spelled as the user spelled the folder's (fsspec's own spelling may differ, e.g.
+        # memory:///x for memory://x), so comparing with --out and the ledger's keys holds.
+        return sorted(url + p[len(base):] if p.startswith(base + "/") else fs.unstrip_protocol(p)
+                      for p in fs.find(path))
     return [url] if fs.exists(path) else None
 
 
