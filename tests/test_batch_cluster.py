@@ -329,3 +329,6 @@ def test_inputs_outputs_and_ledger_in_s3(cluster: str, s3: str, clips: list[Path
     again = _batch(args, tmp_path, "batch from S3 again")
     assert again.returncode == 0, again.stderr
     assert again.stdout.strip().startswith("0 done, 0 failed, 2 skipped (done before)"), again.stdout
+
+    missing = _batch([f"s3://{s3}/nothing", *args[1:]], tmp_path, "batch of a missing S3 prefix")
+    assert (missing.returncode, missing.stderr) == (2, f"error: input not found: s3://{s3}/nothing\n")

@@ -148,7 +148,8 @@ def _plan(prompts: Sequence[str] | str, workers: int, outputs: str | Sequence[st
     if storage.is_url(out):
         storage.filesystem(out)  # fsspec and the protocol's package are there, before any work
     else:
-        Path(out).mkdir(parents=True, exist_ok=True)
+        with storage.failing_as_usage("create the output folder", out):
+            Path(out).mkdir(parents=True, exist_ok=True)
     return _Plan(prompts, kinds, bundle_dir, out, {"prompts": prompts, "outputs": kinds}, cpus_per_worker)
 
 

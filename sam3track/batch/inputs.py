@@ -47,7 +47,8 @@ def _expand(item: str) -> list[str]:
         return [url for url in found if url == item or _is_video(url)]
     path = Path(item)
     if path.is_dir():
-        return sorted(str(p) for p in path.rglob("*") if p.is_file() and p.suffix.lower() in INPUT_SUFFIXES)
+        with storage.failing_as_usage("search", item):  # a subfolder it may not read
+            return sorted(str(p) for p in path.rglob("*") if p.is_file() and p.suffix.lower() in INPUT_SUFFIXES)
     if path.suffix.lower() == ".txt" and path.is_file():
         return _listed(item)
     if path.exists():

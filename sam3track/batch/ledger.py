@@ -78,19 +78,22 @@ class Ledger:
         location = storage.join(out, LEDGER_NAME)
         scratch = None
         path = Path(location)
-        if storage.is_url(location):
-            scratch = tempfile.mkdtemp(prefix="sam3track-ledger-")
-            path = Path(scratch, LEDGER_NAME)
-            path.write_text(storage.read_text(location) or "", encoding="utf-8")
-        file = open(path, "a", encoding="utf-8")
-        if file.tell() and not path.read_bytes().endswith(b"\n"):
-            file.write("\n")  # a line torn by a crash stays alone (parse_ledger skips it)
+        with storage.failing_as_usage("write the ledger", location):
+            if storage.is_url(location):
+                scratch = tempfile.mkdtemp(prefix="sam3track-ledger-")
+                path = Path(scratch, LEDGER_NAME)
+                path.write_text(storage.read_text(location) or "", encoding="utf-8")
+            file = open(path, "a", encoding="utf-8")
+            if file.tell() and not path.read_bytes().endswith(b"\n"):
+                file.write("\n")  # a line torn by a crash stays alone (parse_ledger skips it)
         return cls(location, file, scratch)
 
     def append(self, summary: VideoSummary) -> None:
-        self.file.write(summary.to_json() + "\n")
-        self.file.flush()
-        os.fsync(self.file.fileno())
+        """One line, on disk (synced) before this returns; uploaded when its time comes."""
+        with storage.failing_as_usage("write the ledger", self.location):
+            self.file.write(summary.to_json() + "\n")
+            self.file.flush()
+            os.fsync(self.file.fileno())
         self.dirty = self.scratch is not None
         self.sync()
 

@@ -4,8 +4,10 @@ through fsspec, an optional extra imported on first use. Paths travel as strings
 
 from __future__ import annotations
 
+import contextlib
 import os
 import posixpath
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -67,49 +69,67 @@ def filesystem(url: str) -> tuple[Any, str]:
         raise UsageError(f"{url}: {e}; give a local path or a URL fsspec knows (s3://, gs://, ...)") from None
 
 
+@contextlib.contextmanager
+def failing_as_usage(doing: str, location: str) -> Iterator[None]:
+    """Any failure of a store or disk (no credentials, no network, no permission, disk full) as one
+    :class:`UsageError` line naming what was being done where, instead of a traceback."""
+    try:
+        yield
+    except UsageError:
+        raise
+    except Exception as e:  # botocore's and gcsfs's errors are not OSErrors
+        first = (str(e).strip().splitlines() or [""])[0]
+        raise UsageError(f"cannot {doing} {location}: {type(e).__name__}: {first}") from None
+
+
 def exists(location: str) -> bool:
     if not is_url(location):
         return os.path.exists(location)
-    fs, path = filesystem(location)
-    return fs.exists(path)
+    with failing_as_usage("read", location):
+        fs, path = filesystem(location)
+        return fs.exists(path)
 
 
 def read_text(location: str) -> str | None:
     """The text of a file or object; None when it does not exist."""
-    if not is_url(location):
-        path = Path(location)
-        return path.read_text(encoding="utf-8") if path.exists() else None
-    fs, path = filesystem(location)
-    try:
-        return fs.cat_file(path).decode("utf-8")
-    except FileNotFoundError:
-        return None
+    with failing_as_usage("read", location):
+        if not is_url(location):
+            path = Path(location)
+            return path.read_text(encoding="utf-8") if path.exists() else None
+        fs, path = filesystem(location)
+        try:
+            return fs.cat_file(path).decode("utf-8")
+        except FileNotFoundError:
+            return None
 
 
 def find_files(url: str) -> list[str] | None:
     """Every object under the URL ``url`` (sorted), ``[url]`` for one object, None when none is there."""
-    fs, path = filesystem(url)
-    if fs.isdir(path):
-        base = path.rstrip("/")
-        # Each URL spelled as the user spelled the folder's (fsspec's own spelling may differ, e.g.
-        # memory:///x for memory://x), so comparing with --out and the ledger's keys holds.
-        return sorted(url + p[len(base):] if p.startswith(base + "/") else fs.unstrip_protocol(p)
-                      for p in fs.find(path))
-    return [url] if fs.exists(path) else None
+    with failing_as_usage("list", url):
+        fs, path = filesystem(url)
+        if fs.isdir(path):
+            base = path.rstrip("/")
+            # Each URL spelled as the user spelled the folder's (fsspec's own spelling may differ, e.g.
+            # memory:///x for memory://x), so comparing with --out and the ledger's keys holds.
+            return sorted(url + p[len(base):] if p.startswith(base + "/") else fs.unstrip_protocol(p)
+                          for p in fs.find(path))
+        return [url] if fs.exists(path) else None
 
 
 def download(url: str, local: Path) -> None:
     """The object ``url`` copied to the local file ``local``."""
-    fs, path = filesystem(url)
-    fs.get_file(path, str(local))
+    with failing_as_usage("read", url):
+        fs, path = filesystem(url)
+        fs.get_file(path, str(local))
 
 
 def upload(local: Path, url: str) -> None:
     """The local file or folder ``local`` to ``url``; each object appears whole when its upload ends
     (an object store's put), so a reader never sees part of one."""
-    fs, path = filesystem(url)
-    if local.is_dir():
-        for file in sorted(p for p in local.rglob("*") if p.is_file()):
-            fs.put_file(str(file), f"{path}/{file.relative_to(local).as_posix()}")
-    else:
-        fs.put_file(str(local), path)
+    with failing_as_usage("write", url):
+        fs, path = filesystem(url)
+        if local.is_dir():
+            for file in sorted(p for p in local.rglob("*") if p.is_file()):
+                fs.put_file(str(file), f"{path}/{file.relative_to(local).as_posix()}")
+        else:
+            fs.put_file(str(local), path)

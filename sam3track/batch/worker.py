@@ -16,6 +16,7 @@ from typing import Any
 
 from sam3track.batch import storage
 from sam3track.batch.ledger import VideoSummary
+from sam3track.errors import Sam3TrackError
 
 MAX_TASK_RETRIES = 2  # a video whose worker dies is tried at most 3 times in all
 REPORT_EVERY_SECONDS = 0.5  # how often a worker tells the board its frame count
@@ -134,6 +135,8 @@ class Worker:
         scratch = tempfile.mkdtemp(prefix="sam3track-batch-")
         try:
             code, reason, report = self._track(video, prompts, outputs, scratch)
+        except Sam3TrackError as e:  # fetching or uploading: the message names the URL
+            code, reason, report = -1, str(e).splitlines()[0], {}
         except Exception as e:  # anything run_track does not report itself: still this video's
             code, reason, report = -1, f"{type(e).__name__}: {e}".splitlines()[0], {}
         finally:

@@ -69,6 +69,7 @@ class _Shown:
 
 def run_batch(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None = None) -> int:
     from sam3track.batch import LEDGER_NAME, track_videos
+    from sam3track.batch.storage import absolute, join
 
     out = out or sys.stdout
     err = err or sys.stderr
@@ -90,7 +91,7 @@ def run_batch(args: argparse.Namespace, out: TextIO | None = None, err: TextIO |
     except KeyboardInterrupt as e:
         shown.close()
         done = sum(1 for s in rows if s.done)
-        print(f"interrupted: {done} videos done are in the ledger {_ledger(args.out, LEDGER_NAME)}; "
+        print(f"interrupted: {done} videos done are in the ledger {join(absolute(args.out), LEDGER_NAME)}; "
               f"run the same command again to finish the others", file=err)
         return exit_code_for(e)
     except Sam3TrackError as e:
@@ -100,10 +101,6 @@ def run_batch(args: argparse.Namespace, out: TextIO | None = None, err: TextIO |
     shown.close()
     print(summary_table(rows, time.perf_counter() - started), file=out)
     return EXIT_SOME_FAILED if any(not s.done for s in rows) else EXIT_OK
-
-
-def _ledger(out: str, name: str) -> str:
-    return f"{out.rstrip('/')}/{name}"
 
 
 def cmd_batch(args: argparse.Namespace) -> int:
