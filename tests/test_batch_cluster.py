@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -210,7 +211,8 @@ def test_ray_address_from_the_environment_and_threads_from_the_reservation(
     _table_only(result.stdout)
     assert "Traceback" not in result.stderr
     workers = [p for p in pids.iterdir() if p.name.isdigit()]
-    assert [p.read_text() for p in workers] == ["threads=2"]  # the backend's threads: its 2 CPUs
+    # The backend's threads are the worker's 2 CPUs; the worker runs this checkout (the cluster's env).
+    assert [p.read_text() for p in workers] == [f"threads=2\n{ROOT / 'sam3track' / '__init__.py'}"]
     assert [line["status"] for line in _ledger(out)] == ["done"]
 
 
@@ -245,6 +247,21 @@ def test_out_inside_the_input_folder_is_never_an_input(
     assert again.stdout.strip().startswith("0 done, 0 failed, 2 skipped (done before)"), again.stdout
     assert sorted(line["video"] for line in _ledger(videos / "masks")) == sorted(
         str(videos / c.name) for c in clips[:2])
+
+
+def test_a_bundle_the_workers_cannot_load_is_one_line_and_ray_stays_off_stdout(
+    cluster: str, clips: list[Path], tmp_path: Path
+) -> None:
+    """Ray's listener prints the raylet's notes on the failing workers (tracebacks and all) to stdout;
+    the batch keeps them off the terminal and says what is wrong in one line."""
+    bundle = tmp_path / "bundle"
+    shutil.copytree(demo_bundle_path(), bundle)
+    (bundle / "backbone.onnx").write_bytes(b"not a graph")
+    result = _batch([str(clips[0]), "--bundle", str(bundle), "--out", str(tmp_path / "out"), "--address",
+                     cluster], tmp_path, "batch with a broken bundle")
+    assert (result.returncode, result.stdout) == (2, ""), result.stdout
+    assert len(result.stderr.splitlines()) == 1, result.stderr
+    assert result.stderr.startswith("error: a worker could not start: ") and "checksum mismatch" in result.stderr
 
 
 def test_workers_waiting_for_cpus_say_so_and_the_others_go_on(

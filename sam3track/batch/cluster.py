@@ -6,15 +6,19 @@ imported only here, on first use. Rules and messages: docs/batch.md."""
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import socket
 import sys
+import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from sam3track.errors import UsageError
+
+ray_log = logging.getLogger("sam3track.batch.ray")  # what Ray prints from its threads, at DEBUG
 
 CONNECT_SECONDS = 5.0  # a cluster address that takes longer to answer a TCP connect is unreachable
 WORKER_BASE_BYTES = 400 * 2**20  # a worker process before its graphs: Python, Ray, the runtime, frames
@@ -30,6 +34,39 @@ class RayConnection:
     started_here: bool  # this call started or joined Ray, so it shuts it down
     local: bool  # a Ray started in this process for this batch (not a cluster)
     where: str  # "the local Ray", "the Ray cluster at HOST:PORT", ... for messages
+
+    def close(self) -> None:
+        """Shut Ray down if this batch started or joined it; stdout is the caller's again."""
+        if self.started_here:
+            try:
+                self.ray.shutdown()
+            finally:
+                if isinstance(sys.stdout, _RayThreadsToLog):
+                    sys.stdout = sys.stdout.stdout
+
+
+class _RayThreadsToLog:
+    """``sys.stdout`` while a batch holds Ray: what Ray's background threads print there (its
+    listener prints the raylet's notes, tracebacks and all, to stdout) goes to the ``ray_log``
+    logger at DEBUG (Ray's own logs keep it too; the batch reports each failure in one line of its
+    own); every other thread's output goes where it went."""
+
+    def __init__(self, stdout: Any) -> None:
+        self.stdout = stdout
+
+    def write(self, text: str) -> int:
+        if not threading.current_thread().name.startswith("ray_"):
+            return self.stdout.write(text)
+        if text.strip():
+            ray_log.debug("%s", text.rstrip())
+        return len(text)
+
+    def flush(self) -> None:
+        self.stdout.flush()
+        sys.stderr.flush()
+
+    def __getattr__(self, name: str) -> Any:  # fileno, isatty, encoding...: the real stdout's
+        return getattr(self.stdout, name)
 
 
 @dataclass
@@ -66,6 +103,7 @@ def connect(address: str | None, num_cpus: int | None) -> RayConnection:
         with _stdout_to_stderr():
             ray.init(num_cpus=num_cpus or os.cpu_count() or 1, include_dashboard=False,
                      logging_level="ERROR", log_to_driver=False, configure_logging=True)
+        sys.stdout = _RayThreadsToLog(sys.stdout)
         return RayConnection(ray, True, True, "the local Ray")
     target = address or os.environ["RAY_ADDRESS"]
     named = target if address else f"{target} (RAY_ADDRESS)"
@@ -78,6 +116,7 @@ def connect(address: str | None, num_cpus: int | None) -> RayConnection:
         with contextlib.suppress(Exception):
             ray.shutdown()
         raise UsageError(f"cannot join the Ray cluster at {named}: {_ray_reason(e)}") from None
+    sys.stdout = _RayThreadsToLog(sys.stdout)
     return RayConnection(ray, True, False, f"the Ray cluster at {named}")
 
 

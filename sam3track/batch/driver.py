@@ -300,7 +300,7 @@ def _report(run: _Run, loop: _Loop) -> None:
     """Tell ``on_progress`` where the batch stands, and note workers that wait for resources."""
     progress = run.progress
     progress.workers = len(run.actors) - len(loop.starting)
-    progress.waiting = _unplaced(run.ray, list(loop.starting.values()))
+    progress.waiting = _unplaced(run.ray, len(loop.starting), run.demand)
     _note_waiting(run, loop)
     if run.on_progress is None:
         return
@@ -325,18 +325,23 @@ def _note_waiting(run: _Run, loop: _Loop) -> None:
              f"{run.where} (each needs {each}; {cluster.free_resources(run.ray)} now); the others go on")
 
 
-def _unplaced(ray: Any, actors: list[Any]) -> int:
-    """How many of ``actors`` Ray has not placed on a node yet (waiting for resources)."""
-    if not actors:
+def _unplaced(ray: Any, starting: int, demand: cluster.Demand) -> int:
+    """How many of the ``starting`` workers wait for resources: the cluster's pending demands of a
+    worker's shape (what `ray status` lists as pending), at most ``starting``. A worker whose CPUs
+    are granted but whose process is still coming up is not among them."""
+    if not starting:
         return 0
+    shape = {k: float(v) for k, v in (("CPU", demand.cpus), ("GPU", demand.gpus)) if v}
     try:
-        from ray._private import state  # the GCS actor table: the public state API needs a dashboard
+        from ray.autoscaler.v2.sdk import get_cluster_status  # the source of `ray status`
 
-        table = [state.actors(actor_id=a._actor_id.hex()) for a in actors]
-        return sum(1 for row in table if row.get("State") == "PENDING_CREATION"
-                   and not (row.get("Address") or {}).get("Port"))
-    except Exception:  # an internal API: without it, no waiting notes
+        status = get_cluster_status(ray.get_runtime_context().gcs_address)
+        pending = sum(request.count for d in status.resource_demands.ray_task_actor_demand
+                      for request in d.bundles_by_count
+                      if {k: v for k, v in request.bundle.items() if v} == shape)
+    except Exception:  # an SDK of Ray's own tools: without it, no waiting notes
         return 0
+    return min(starting, pending)
 
 
 def _stop(connection: cluster.RayConnection, run: _Run | None) -> None:
@@ -350,5 +355,4 @@ def _stop(connection: cluster.RayConnection, run: _Run | None) -> None:
                 except Exception:
                     pass
     finally:
-        if connection.started_here:
-            connection.ray.shutdown()
+        connection.close()

@@ -117,8 +117,8 @@ class Worker:
         options = dict(overrides)
         options.setdefault("threads", threads or reserved_cpus())
         self.threads = options["threads"]
-        if hooks.get("pid_dir"):
-            Path(hooks["pid_dir"], str(os.getpid())).write_text(f"threads={self.threads}")
+        if hooks.get("pid_dir"):  # its threads, and which sam3track it runs (the tests' checkout?)
+            Path(hooks["pid_dir"], str(os.getpid())).write_text(f"threads={self.threads}\n{sam3track.__file__}")
         self.predictor = sam3track.load(bundle, backend=backend, device=device, **options)
 
     def pid(self) -> int:
