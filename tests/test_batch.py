@@ -354,3 +354,38 @@ def test_inputs_in_an_object_store_and_the_output_folder_left_out() -> None:
         collect_inputs(["memory://bucket/missing"])
     with pytest.raises(UsageError, match=r"^nope://x: Protocol not known: nope; give a local path or a URL"):
         collect_inputs(["nope://x"])
+
+
+class _ClusterView:
+    """What check_fits reads of Ray: the cluster's totals and its nodes."""
+
+    def __init__(self, nodes: list[dict]) -> None:
+        self._nodes = nodes
+
+    def cluster_resources(self) -> dict:
+        total: dict = {}
+        for node in self._nodes:
+            for k, v in node.items():
+                total[k] = total.get(k, 0) + v
+        return total
+
+    def nodes(self) -> list[dict]:
+        return [{"Alive": True, "Resources": n} for n in self._nodes]
+
+
+def test_workers_that_can_never_be_placed_are_refused_before_any_task() -> None:
+    from sam3track.batch.cluster import Demand, check_fits
+
+    two_nodes = _ClusterView([{"CPU": 4.0, "GPU": 1.0}, {"CPU": 2.0}])
+    check_fits(two_nodes, Demand(workers=6, cpus=1, gpus=0), "the cluster")  # 6 CPUs: fits
+    with pytest.raises(UsageError, match=r"^--workers 2 needs 2 GPUs \(--device cuda: one GPU per worker\), but "
+                                         r"the cluster has 1 GPU; use --workers 1 or fewer$"):
+        check_fits(two_nodes, Demand(workers=2, cpus=1, gpus=1), "the cluster")
+    with pytest.raises(UsageError, match=r"^--workers 4 needs 8 CPUs \(2 CPUs per worker\), but the cluster has 6 "
+                                         r"CPUs; use --workers 3 or fewer$"):
+        check_fits(two_nodes, Demand(workers=4, cpus=2, gpus=0), "the cluster")
+    with pytest.raises(UsageError, match=r"^each worker needs 5 CPUs, but the largest node of the cluster has 4; "
+                                         r"lower --cpus-per-worker$"):
+        check_fits(two_nodes, Demand(workers=1, cpus=5, gpus=0), "the cluster")
+    with pytest.raises(UsageError, match=r"has 0 GPUs; add nodes that have some$"):
+        check_fits(_ClusterView([{"CPU": 2.0}]), Demand(workers=1, cpus=1, gpus=1), "the local Ray")
