@@ -120,12 +120,20 @@ def _s3_client():
 
 
 @pytest.fixture(scope="module")
-def cluster(s3: str) -> str:
+def cluster_temp() -> Path:
+    """The cluster's temp dir (Ray's sessions and logs) with its working folder ``cwd`` in it, removed
+    at the end."""
+    temp = Path(tempfile.mkdtemp(prefix="r", dir="/tmp"))  # short: Ray's socket paths must fit 107 bytes
+    (temp / "cwd").mkdir()
+    yield temp
+    shutil.rmtree(temp, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def cluster(s3: str, cluster_temp: Path) -> str:
     """``ray start --head --block`` with CLUSTER_CPUS CPUs in its own temp dir and working folder;
     its address. SIGTERM at the end stops it and every process it started (checked)."""
-    temp = tempfile.mkdtemp(prefix="r", dir="/tmp")  # short: Ray's socket paths must fit 107 bytes
-    home = Path(temp, "cwd")
-    home.mkdir()
+    temp, home = str(cluster_temp), cluster_temp / "cwd"
     port = _free_port()
     command = [str(Path(sys.executable).with_name("ray")), "start", "--head", "--block", f"--port={port}", "--node-ip-address=127.0.0.1",
                f"--num-cpus={CLUSTER_CPUS}", f"--temp-dir={temp}", "--include-dashboard=false",
@@ -151,7 +159,6 @@ def cluster(s3: str) -> str:
         for pid in left:  # the cluster's own processes, by id, if SIGTERM left any
             os.kill(pid, signal.SIGKILL)
         assert not left, f"ray start --block left {len(left)} processes after SIGTERM"
-        assert not Path(home).joinpath("out").exists()  # a worker never wrote into its own folder
 
 
 def _batch(args: list[str], cwd: Path, what: str, **env: str) -> subprocess.CompletedProcess:
@@ -169,7 +176,7 @@ def _ledger(out: Path) -> list[dict]:
 
 
 def test_relative_paths_from_another_folder_and_a_rerun_from_a_third(
-    cluster: str, clips: list[Path], tmp_path: Path
+    cluster: str, cluster_temp: Path, clips: list[Path], tmp_path: Path
 ) -> None:
     work = tmp_path / "work"
     (work / "clips").mkdir(parents=True)
@@ -189,6 +196,7 @@ def test_relative_paths_from_another_folder_and_a_rerun_from_a_third(
         assert line["outputs"] == {"mp4": str(work / "out" / f"{output_name(line['video'])}.masks.mp4"),
                                    "json": str(work / "out" / f"{output_name(line['video'])}.json")}
         assert all(Path(p).is_file() for p in line["outputs"].values())
+    assert list((cluster_temp / "cwd").iterdir()) == []  # nothing where the workers run
 
     # From another folder, the same videos by other relative paths: the ledger's absolute paths say done.
     again = _batch(["work/clips", "--bundle", str(demo_bundle_path()), "--out", "work/out", "--address",
