@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -30,8 +31,13 @@ from sam3track.batch import (  # noqa: E402
     read_ledger,
     track_videos,
 )
+from sam3track.batch.cluster import local_workers  # noqa: E402
+from sam3track.batch.driver import RETRIED_NOTE  # noqa: E402
+from sam3track.batch.ledger import VideoSummary  # noqa: E402
+from sam3track.commands.batch import summary_table  # noqa: E402
 from sam3track.commands.track import run_track  # noqa: E402
 from sam3track.demo import demo_bundle_path  # noqa: E402
+from sam3track.errors import UsageError  # noqa: E402
 from sam3track.video import MaskVideoWriter, open_source, open_video  # noqa: E402
 
 from .conftest import HANG_SECONDS, communicate  # noqa: E402
@@ -159,6 +165,10 @@ def test_two_workers_bad_videos_fail_alone_and_outputs_equal_track(
     assert sorted(str(Path(s.video)) for s in again if s.skipped) == sorted(map(str, clips["good"]))
     assert sorted(s.video for s in again if not s.skipped) == sorted(map(str, clips["bad"]))
     assert len(_ledger_lines(out)) == 8
+    last = read_ledger(out)  # attempts count over both runs; the last error stays with the video
+    for clip in clips["bad"]:
+        assert (last[str(clip)].attempts, last[str(clip)].last_error) == (2, last[str(clip)].reason)
+    assert all(last[str(clip)].attempts == 1 and last[str(clip)].last_error == "" for clip in clips["good"])
 
 
 def test_killed_worker_is_replaced_and_its_video_redone_once(
@@ -192,6 +202,9 @@ def test_killed_worker_is_replaced_and_its_video_redone_once(
     lines = _ledger_lines(out)
     assert sorted(line["video"] for line in lines) == sorted(map(str, clips["good"]))  # once each
     assert all(line["status"] == "done" for line in lines)
+    attempts = {line["video"]: (line["attempts"], line["last_error"]) for line in lines}
+    assert attempts.pop(killed[0][1]) == (2, RETRIED_NOTE)  # Ray's retry is counted and said
+    assert set(attempts.values()) == {(1, "")}
     started = {int(p.name) for p in pids.iterdir() if p.name.isdigit()}
     assert killed[0][0] in started and len(started) == 3  # 2 workers + the replacement
     _check_outputs_equal_track(out, clips["good"], references)
@@ -249,7 +262,11 @@ def test_interrupted_cli_resumes_without_redoing(
     lines = _ledger_lines(out)
     assert sorted(line["video"] for line in lines) == sorted(map(str, clips["good"]))  # once each
     assert [line["video"] for line in lines[:len(first)]] == [line["video"] for line in first]
-    assert sum(row.startswith("skipped ") for row in again_out.splitlines()) == len(first)
+    # stdout is the table alone (no Ray message), here one line: the successes are counted, not listed.
+    redone = len(clips["good"]) - len(first)
+    assert len(again_out.splitlines()) == 1, again_out
+    assert re.fullmatch(rf"{redone} done, 0 failed, {len(first)} skipped \(done before\) in [\d.]+ s, "
+                        rf"{redone * FRAMES} frames; .* frames/s, .* videos/min", again_out.strip()), again_out
     assert read_ledger(out).keys() == {str(p) for p in clips["good"]}
     _check_outputs_equal_track(out, clips["good"], references)
     _no_partials(out)
@@ -289,3 +306,86 @@ def test_a_torn_ledger_line_is_skipped_and_not_glued_to(
     assert [s.status for s in summaries] == ["done"]
     assert set(read_ledger(out)) == {str(clips["good"][0])}
     _check_outputs_equal_track(out, clips["good"][:1], references)
+
+
+def test_a_local_ray_starts_no_more_workers_than_cores_and_memory_hold() -> None:
+    notes: list[str] = []
+    gib = 2**30
+    assert local_workers(2, 2, None, cores=8, free=64 * gib, per_worker=gib, note=notes.append) == 2
+    assert notes == []  # fits: nothing to say
+    assert local_workers(100, 100, None, cores=2, free=64 * gib, per_worker=gib, note=notes.append) == 2
+    assert notes.pop() == ("local Ray: --workers 100 asked, starting 2 (2 cores at 1 CPU each hold no more); "
+                           "join a cluster with --address for more")
+    assert local_workers(8, 8, 2, cores=16, free=5 * gib, per_worker=2 * gib, note=notes.append) == 2
+    assert notes.pop() == ("local Ray: --workers 8 asked, starting 2 (5.0 GiB of free memory at about 2.0 GiB "
+                           "each hold no more); join a cluster with --address for more")
+    assert local_workers(3, 3, None, cores=4, free=None, per_worker=gib, note=notes.append) == 3  # unknown memory
+
+
+def test_the_final_table_lists_failures_and_counts_the_rest() -> None:
+    rows = [VideoSummary("/v/a.mp4", "done", frames=10, attempts=1),
+            VideoSummary("/v/b.mp4", "done", frames=5, skipped=True),
+            VideoSummary("/v/c.mp4", "failed", reason="not a readable video", attempts=3, seconds=0.5)]
+    lines = summary_table(rows, elapsed=2.0).splitlines()
+    assert lines[0].split() == ["status", "attempts", "seconds", "video:", "reason"]
+    assert lines[1].split() == ["failed", "3", "0.50", "/v/c.mp4:", "not", "a", "readable", "video"]
+    assert lines[2] == "1 done, 1 failed, 1 skipped (done before) in 2.0 s, 10 frames; 5.0 frames/s, 30.0 videos/min"
+    assert len(lines) == 3  # the done and skipped videos are counted, not listed
+    assert summary_table(rows[:1], elapsed=2.0).splitlines() == [
+        "1 done, 0 failed, 0 skipped (done before) in 2.0 s, 10 frames; 5.0 frames/s, 30.0 videos/min"]
+
+
+def test_inputs_in_an_object_store_and_the_output_folder_left_out() -> None:
+    """URLs through fsspec (its in-memory store here; S3 itself in test_batch_cluster.py): a prefix is a
+    folder searched for videos, a .txt object a list, each URL spelled as given; none under --out."""
+    import fsspec
+
+    fs = fsspec.filesystem("memory")
+    for name in ("in/a.mp4", "in/sub/b.MOV", "in/notes.md", "in/out/a-1234abcd.masks.mp4"):
+        fs.pipe(f"/bucket/{name}", b"x")
+    fs.pipe("/bucket/list.txt", b"in/a.mp4\n# a comment\ns3://other/z.mp4\n/abs/local.mp4\n")
+    assert collect_inputs(["memory://bucket/in/"], exclude="memory://bucket/in/out") == [
+        "memory://bucket/in/a.mp4", "memory://bucket/in/sub/b.MOV"]
+    assert collect_inputs(["memory://bucket/list.txt"]) == [
+        "memory://bucket/in/a.mp4", "s3://other/z.mp4", Path("/abs/local.mp4")]
+    assert output_name("memory://bucket/in/a.mp4").startswith("a-")
+    assert output_name("memory://bucket/in/a.mp4") != output_name("memory://bucket/x/a.mp4")
+    with pytest.raises(UsageError, match=r"^input not found: memory://bucket/missing$"):
+        collect_inputs(["memory://bucket/missing"])
+    with pytest.raises(UsageError, match=r"^nope://x: Protocol not known: nope; give a local path or a URL"):
+        collect_inputs(["nope://x"])
+
+
+class _ClusterView:
+    """What check_fits reads of Ray: the cluster's totals and its nodes."""
+
+    def __init__(self, nodes: list[dict]) -> None:
+        self._nodes = nodes
+
+    def cluster_resources(self) -> dict:
+        total: dict = {}
+        for node in self._nodes:
+            for k, v in node.items():
+                total[k] = total.get(k, 0) + v
+        return total
+
+    def nodes(self) -> list[dict]:
+        return [{"Alive": True, "Resources": n} for n in self._nodes]
+
+
+def test_workers_that_can_never_be_placed_are_refused_before_any_task() -> None:
+    from sam3track.batch.cluster import Demand, check_fits
+
+    two_nodes = _ClusterView([{"CPU": 4.0, "GPU": 1.0}, {"CPU": 2.0}])
+    check_fits(two_nodes, Demand(workers=6, cpus=1, gpus=0), "the cluster")  # 6 CPUs: fits
+    with pytest.raises(UsageError, match=r"^--workers 2 needs 2 GPUs \(--device cuda: one GPU per worker\), but "
+                                         r"the cluster has 1 GPU; use --workers 1 or fewer$"):
+        check_fits(two_nodes, Demand(workers=2, cpus=1, gpus=1), "the cluster")
+    with pytest.raises(UsageError, match=r"^--workers 4 needs 8 CPUs \(2 CPUs per worker\), but the cluster has 6 "
+                                         r"CPUs; use --workers 3 or fewer$"):
+        check_fits(two_nodes, Demand(workers=4, cpus=2, gpus=0), "the cluster")
+    with pytest.raises(UsageError, match=r"^each worker needs 5 CPUs, but the largest node of the cluster has 4; "
+                                         r"lower --cpus-per-worker$"):
+        check_fits(two_nodes, Demand(workers=1, cpus=5, gpus=0), "the cluster")
+    with pytest.raises(UsageError, match=r"has 0 GPUs; add nodes that have some$"):
+        check_fits(_ClusterView([{"CPU": 2.0}]), Demand(workers=1, cpus=1, gpus=1), "the local Ray")

@@ -128,6 +128,32 @@ def test_write_mask_video_keeps_count_size_and_timing(tmp_path: Path) -> None:
             assert err < 4, f"frame {f.index}: mean error {err} after H.264"
 
 
+_WRITE_ON_ONE_CPU = """
+import os, sys
+from sam3track.video import MaskVideoWriter, open_video
+os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})  # as a worker on a host with one core
+with open_video(sys.argv[1]) as r, MaskVideoWriter.like(sys.argv[2], r) as w:
+    for f in r.frames(stop=12):
+        w.write(255 - f.rgb, f.pts, f.time_base)
+"""
+
+
+def test_mask_video_bytes_do_not_depend_on_the_cpus(tmp_path: Path) -> None:
+    """x264 left to choose its threads picks 1.5 per usable CPU, and its bytes change with the count:
+    the same masks gave another mp4 in a batch worker than in sam3track track on another host. The
+    writer fixes the count, so one CPU or all of them write the same file."""
+    here, pinned = tmp_path / "here.mp4", tmp_path / "pinned.mp4"
+    with open_video(BIKES) as r, MaskVideoWriter.like(here, r) as w:
+        for f in r.frames(stop=12):
+            w.write(255 - f.rgb, f.pts, f.time_base)
+    env = dict(os.environ, PYTHONPATH=str(CLIPS.parents[1]) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    child = run_child([sys.executable, "-c", _WRITE_ON_ONE_CPU, str(BIKES), str(pinned)],
+                      "writing a mask video on one CPU", env=env)
+    assert child.returncode == 0, child.stderr
+    assert b"threads=4 " in here.read_bytes()  # x264's settings note: ENCODER_THREADS, not 1.5 per CPU
+    assert pinned.read_bytes() == here.read_bytes()
+
+
 def test_odd_sized_video_keeps_its_size(tmp_path: Path) -> None:
     rng = np.random.default_rng(1)
     frames = rng.integers(0, 256, (6, 33, 47, 3), dtype=np.uint8)

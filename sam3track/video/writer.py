@@ -30,6 +30,7 @@ log = logging.getLogger(__name__)
 # the format is always passed explicitly.
 _FORMATS = {".mp4": "mp4", ".m4v": "mp4", ".mov": "mov", ".mkv": "matroska"}
 VIDEO_SUFFIXES = tuple(_FORMATS)  # what MaskVideoWriter can write
+ENCODER_THREADS = 4  # x264 frame threads: the same bytes on every machine (see MaskVideoWriter)
 
 
 def _as_fraction(value: float | Fraction, what: str) -> Fraction:
@@ -130,6 +131,10 @@ class MaskVideoWriter(FinishedOnExit):
             stream.codec_context.time_base = self.time_base
             stream.options = {"crf": str(crf), "preset": preset}
             stream.thread_type = "AUTO"
+            # A fixed count, not x264's default (1.5 x the CPUs this process may use): x264's output
+            # depends on its thread count, so the same input gave other bytes on a host with other
+            # cores, or in a process pinned to fewer (a batch worker vs sam3track track).
+            stream.codec_context.thread_count = ENCODER_THREADS
             self._stream: Any = stream
         except Exception as e:
             self._container.close()
