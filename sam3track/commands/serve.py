@@ -78,6 +78,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     print(f"sam3track serve: http://{shown_host}:{port}/ (Ctrl-C stops)", flush=True)
     try:
         uvicorn.Server(uvicorn.Config(app, log_level=args.log_level)).run(sockets=[sock])
+    except KeyboardInterrupt:  # uvicorn shuts down on Ctrl-C, then raises it again: the normal way to stop
+        print("sam3track serve: stopped", flush=True)
     finally:
         sock.close()
         predictor.close()

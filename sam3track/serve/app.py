@@ -77,7 +77,11 @@ class ServeApi:
         """POST /api/request (the request's "type" in the body) or /api/<type>."""
         kind = request.path_params.get("kind")
         if kind is not None and kind not in REQUEST_TYPES:
-            raise ServeError(404, f"no route POST /api/{kind}; the request types are {', '.join(REQUEST_TYPES)}")
+            raise ServeError(404, f"no route {request.method} /api/{kind}; the request types (POST /api/<type>) "
+                                  f"are {', '.join(REQUEST_TYPES)}")
+        if request.method != "POST":
+            raise ServeError(405, f"{request.method} is not allowed on {request.url.path}: POST the request's "
+                                  "fields as JSON")
         client = client_of(request)
         body = await json_body(request)
         if kind is not None and body.setdefault("type", kind) != kind:
@@ -233,7 +237,7 @@ def routes(api: ServeApi) -> list:
         Route(session + "/frames/{index:int}", api.frame),
         Route(session + "/outputs/{index:int}", api.outputs),
         Route(session + "/download/{kind:str}", api.download),
-        Route("/api/{kind:str}", api.request_api, methods=["POST"]),
+        Route("/api/{kind:str}", api.request_api, methods=["GET", "POST"]),  # GET: a 404 or 405 that says why
         Mount("/static", StaticFiles(directory=STATIC), name="static"),
     ]
 

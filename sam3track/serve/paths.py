@@ -3,6 +3,7 @@ symlink leading out of it (each path is resolved, then checked to lie inside the
 
 from __future__ import annotations
 
+import itertools
 import os
 from pathlib import Path, PurePosixPath
 
@@ -45,16 +46,15 @@ class VideoRoot:
         return os.path.commonpath([str(path), str(self.root)]) == str(self.root)
 
     def videos(self) -> list[dict]:
-        """Video files under the root (symlinks followed only where they stay inside it), sorted."""
+        """Video files under the root (symlinks followed only where they stay inside it), by path."""
         if self.root is None:
             return []
-        found = []
+        return sorted(itertools.islice(self._video_files(), MAX_LISTED), key=lambda v: v["path"])
+
+    def _video_files(self):
         for folder, dirs, files in os.walk(self.root):
             dirs[:] = sorted(d for d in dirs if not d.startswith("."))  # os.walk enters no symlinked folder
             for name in sorted(files):
                 path = Path(folder, name)
                 if path.suffix.lower() in VIDEO_SUFFIXES and self.contains(Path(os.path.realpath(path))):
-                    found.append({"path": path.relative_to(self.root).as_posix(), "bytes": path.stat().st_size})
-                    if len(found) >= MAX_LISTED:
-                        return found
-        return found
+                    yield {"path": path.relative_to(self.root).as_posix(), "bytes": path.stat().st_size}
