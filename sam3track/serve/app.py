@@ -32,7 +32,7 @@ from sam3track.render import PALETTE
 
 from .downloads import DOWNLOADS, write_download
 from .paths import VIDEO_SUFFIXES, VideoRoot
-from .sessions import Limits, ServedSession, ServeError, SessionRegistry
+from .sessions import Limits, ServedSession, ServeError, SessionRegistry, closed_error
 from .web import CLIENT_COOKIE, HostCheck, client_of, error_response, json_body, new_client_id, receive_file, sse
 
 log = logging.getLogger(__name__)
@@ -170,7 +170,7 @@ class ServeApi:
     def _jpeg(self, entry: ServedSession, index: int) -> bytes:
         with entry.lock:
             if entry.closed:
-                raise self.registry._gone(entry)
+                raise closed_error(entry)
             n = entry.session.num_frames
             if not 0 <= index < n:
                 raise ServeError(404, f"frame {index} is out of range: the video has {n} frames (0..{n - 1})")
@@ -193,8 +193,7 @@ class ServeApi:
         kind = request.path_params["kind"]
         if kind not in DOWNLOADS:
             raise ServeError(404, f"no download {shown(kind)}; one of: {', '.join(DOWNLOADS)}")
-        with entry.lock:
-            outputs = dict(entry.results)
+        outputs = dict(entry.results)  # one copy under the GIL: never wait on the session from the event loop
         if not outputs:
             raise ServeError(409, "no frame has outputs yet: add a prompt and propagate first")
         folder = Path(tempfile.mkdtemp(prefix="download-", dir=self.workdir))

@@ -59,6 +59,8 @@ class ServedSession:
 
     def info(self) -> dict:
         """What the page needs to show the video (start_session's answer beside the session id)."""
+        if self.closed:
+            raise closed_error(self)
         source = self.session.source
         return {"session_id": self.id, "name": self.name, "num_frames": int(self.session.num_frames),
                 "width": int(source.width), "height": int(source.height), "fps": float(source.fps),
@@ -74,6 +76,11 @@ class ServedSession:
             self.results = {f: without_object(o, obj_id) for f, o in self.results.items()}
         elif "outputs" in response:
             self.results[int(response["frame_index"])] = response["outputs"]
+
+
+def closed_error(entry: ServedSession) -> ServeError:
+    """What a request on a session closed while it waited gets."""
+    return ServeError(404, f"session {entry.id} was closed; start a new one")
 
 
 def _starts_over(session, request: dict) -> bool:
@@ -132,13 +139,14 @@ class SessionRegistry:
         return entry
 
     def sessions_of(self, client: str) -> list[ServedSession]:
-        return [e for e in list(self._sessions.values()) if e.client == client]
+        return [e for e in list(self._sessions.values()) if e.client == client and not e.closed]
 
     # ------------------------------------------------------------------------------ requests
     def handle(self, client: str, request: dict) -> dict:
         """One request of the official API but start_session and propagate_in_video; JSON outputs."""
         if request.get("type") == "close_session":
-            entry = self._sessions.get(request.get("session_id"))
+            session_id = request.get("session_id")
+            entry = self._sessions.get(session_id) if isinstance(session_id, str) else None
             if entry is not None and entry.client == client:
                 self.close(entry)
             return {"is_success": True}  # closing twice is fine, as in the official API
@@ -156,7 +164,7 @@ class SessionRegistry:
 
     def _check_request(self, entry: ServedSession, request: dict) -> None:
         if entry.closed:
-            raise self._gone(entry)
+            raise closed_error(entry)
         if request.get("type") != "add_prompt" or request.get("obj_id") is None:
             return
         if request.get("points") is None and request.get("bounding_boxes") is None:
@@ -203,7 +211,7 @@ class SessionRegistry:
         entry = self.get(client, request.get("session_id"))
         with entry.lock:
             if entry.closed:
-                raise self._gone(entry)
+                raise closed_error(entry)
             stream = self.official.handle_stream_request(request)
             entry.streams += 1
         return entry, stream, _frames_to_track(entry.session, request)
@@ -256,8 +264,6 @@ class SessionRegistry:
         for entry in list(self._sessions.values()):
             self.close(entry)
 
-    def _gone(self, entry: ServedSession) -> ServeError:
-        return ServeError(404, f"session {entry.id} was closed; start a new one")
 
 
 def _frames_to_track(session, request: dict) -> int:
@@ -272,4 +278,4 @@ def _frames_to_track(session, request: dict) -> int:
     return {"forward": forward, "backward": backward}.get(request.get("propagation_direction"), forward + backward)
 
 
-__all__ = ["Limits", "ServeError", "ServedSession", "SessionRegistry"]
+__all__ = ["Limits", "ServeError", "closed_error", "ServedSession", "SessionRegistry"]
