@@ -106,14 +106,17 @@ def test_the_api_answers_as_the_official_request_api(alice, server, predictor, r
     sid = info["session_id"]
     official = OfficialPredictor(predictor)
     ref = official.handle_request({"type": "start_session", "resource_path": str(root / "clips/carphone.mp4")})
-    requests = [("add_prompt", {"frame_index": 0, "text": "person"}), ("add_prompt", CLICK)]
+    box = {"bounding_boxes": [[0.1, 0.1, 0.4, 0.5]], "bounding_box_labels": [1], "obj_id": 9}
+    requests = [("add_prompt", {"frame_index": 0, "text": "person"}), ("add_prompt", CLICK),
+                ("add_prompt", {"frame_index": 2, **box}),  # a box, then a negative click with it
+                ("add_prompt", {"frame_index": 2, "points": [[0.2, 0.2]], "point_labels": [0], **box})]
     try:
         for kind, fields in requests:
             wire = post(alice, f"/api/{kind}", {"session_id": sid, **fields}).json()
             want = official.handle_request({"type": kind, "session_id": ref["session_id"], **fields})
             assert wire["frame_index"] == want["frame_index"]
             same_outputs(wire["outputs"], want["outputs"])
-        stream = {"propagation_direction": "forward", "max_frame_num_to_track": 4}
+        stream = {"propagation_direction": "both", "start_frame_index": 2, "max_frame_num_to_track": 2}
         events = sse_events(post(alice, "/api/propagate_in_video", {"session_id": sid, **stream}).text)
         want = list(official.handle_stream_request({"type": "propagate_in_video", "session_id": ref["session_id"],
                                                     **stream}))
@@ -124,8 +127,9 @@ def test_the_api_answers_as_the_official_request_api(alice, server, predictor, r
     for (_, got), expected in zip(events[1:-1], want):
         assert got["frame_index"] == expected["frame_index"]
         same_outputs(got["outputs"], expected["outputs"])
+    assert [got["frame_index"] for _, got in events[1:-1]] == [2, 3, 4, 1, 0]  # forward, then backward
     assert [got["done"] for _, got in events[1:-1]] == [1, 2, 3, 4, 5]
-    assert 7 in events[-2][1]["outputs"]["out_obj_ids"]
+    assert {7, 9} <= set(events[-2][1]["outputs"]["out_obj_ids"])
 
 
 def test_remove_reset_close_and_the_frames_of_a_session(alice):
