@@ -352,3 +352,34 @@ def test_the_command_line_refuses_a_bad_root_or_a_taken_port(capsys, tmp_path):
         taken.listen(1)
         assert main(["serve", "--port", str(taken.getsockname()[1])]) == 2
     assert "cannot listen on 127.0.0.1" in capsys.readouterr().err
+
+
+def test_the_server_closes_idle_sessions_by_itself():
+    """The app's reaper calls expire_idle every idle_seconds / 4 (0.5 s at least), on its own."""
+    import asyncio
+
+    from sam3track.serve.app import ServeApi
+    from sam3track.serve.paths import VideoRoot
+
+    class Registry:
+        limits = Limits(idle_seconds=1)
+        calls = 0
+
+        def expire_idle(self):
+            Registry.calls += 1
+            return ["an-idle-session"]
+
+    async def reap_twice():
+        api = ServeApi(Registry(), VideoRoot(None), "stub")
+        reaper = asyncio.create_task(api.expire_idle_sessions())
+        try:
+            for _ in range(600):  # 60 s at most: a reaper that never runs hangs here, and fails below
+                if Registry.calls >= 2:
+                    break
+                await asyncio.sleep(0.1)
+        finally:
+            reaper.cancel()
+            shutil.rmtree(api.workdir)
+
+    asyncio.run(reap_twice())
+    assert Registry.calls >= 2, "the idle-session reaper did not run"
