@@ -330,7 +330,8 @@ def test_other_hosts_and_origins_get_nothing(server):
         assert answer.status_code == 200 and "access-control-allow-origin" not in answer.headers  # CORS off
         page = http.get("/")
         assert page.status_code == 200 and "<canvas" in page.text
-        assert "samesite=strict" in page.headers["set-cookie"].lower() and "httponly" in page.headers["set-cookie"].lower()
+        cookie = page.headers["set-cookie"].lower()
+        assert "samesite=strict" in cookie and "httponly" in cookie
 
 
 def test_an_internal_error_is_one_line_without_a_traceback(server, monkeypatch):

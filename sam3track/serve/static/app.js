@@ -137,7 +137,8 @@ function paintMarks(dragTo) {
   if (state.drag && dragTo) {
     ctx.strokeStyle = "#fff";
     ctx.setLineDash([4, 3]);
-    ctx.strokeRect(state.drag[0] * W, state.drag[1] * H, (dragTo[0] - state.drag[0]) * W, (dragTo[1] - state.drag[1]) * H);
+    const [x0, y0] = state.drag;
+    ctx.strokeRect(x0 * W, y0 * H, (dragTo[0] - x0) * W, (dragTo[1] - y0) * H);
     ctx.setLineDash([]);
   }
 }
@@ -255,7 +256,8 @@ function findText() {
   const texts = $("prompt").value.split(",").map((t) => t.trim()).filter(Boolean);
   if (texts.length === 0) { setStatus("type what to find, e.g. person", true); return; }
   busy(`finding ${texts.join(", ")}`, async () => {
-    const response = await request("add_prompt", {frame_index: state.frame, text: texts.length === 1 ? texts[0] : texts});
+    const text = texts.length === 1 ? texts[0] : texts; // several: sam3track's list extension
+    const response = await request("add_prompt", {frame_index: state.frame, text});
     forgetOutputs(); // a text prompt starts over, as in the official API
     takeResponse(response);
     await showFrame(state.frame);
@@ -393,7 +395,8 @@ function updateControls() {
   }
   $("stop").disabled = state.stream === null;
   const ready = open && idle && state.outputs.size > 0;
-  for (const [id, kind] of [["download-mp4", "masks.mp4"], ["download-json", "results.json"], ["download-png", "masks.zip"]]) {
+  const downloads = [["download-mp4", "masks.mp4"], ["download-json", "results.json"], ["download-png", "masks.zip"]];
+  for (const [id, kind] of downloads) {
     $(id).classList.toggle("disabled", !ready);
     if (ready) $(id).href = `/api/sessions/${state.session.session_id}/download/${kind}`;
     else $(id).removeAttribute("href");
@@ -431,7 +434,9 @@ function wire() {
   }));
   $("close").addEventListener("click", () => busy("closing", async () => {
     await closeSession();
-    for (const id of ["frame-canvas", "mask-canvas", "marks-canvas"]) $(id).getContext("2d").clearRect(0, 0, $(id).width, $(id).height);
+    for (const id of ["frame-canvas", "mask-canvas", "marks-canvas"]) {
+      $(id).getContext("2d").clearRect(0, 0, $(id).width, $(id).height);
+    }
     setStatus("closed; open a video");
   }));
   wireFrames();
@@ -467,7 +472,9 @@ async function init() {
     const list = $("video-list");
     const videos = state.info.root ? (await call("/api/videos")).videos : [];
     for (const video of videos) list.append(new Option(video.path, video.path));
-    if (videos.length === 0) list.append(new Option(state.info.root ? "no video under --root" : "no --root: upload", ""));
+    if (videos.length === 0) {
+      list.append(new Option(state.info.root ? "no video under --root" : "no --root: upload", ""));
+    }
     setStatus("open a video");
   } catch (e) {
     setStatus(e.message, true);
