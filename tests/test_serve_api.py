@@ -9,6 +9,7 @@ import io
 import json
 import shutil
 import socket
+import time
 import zipfile
 from pathlib import Path
 
@@ -384,3 +385,22 @@ def test_the_server_closes_idle_sessions_by_itself():
 
     asyncio.run(reap_twice())
     assert Registry.calls >= 2, "the idle-session reaper did not run"
+
+
+def test_a_client_that_leaves_mid_propagation_ends_it(server, alice):
+    """The page's Stop closes the event stream: the server ends that propagation, and the session is free."""
+    sid = start(alice)["session_id"]
+    post(alice, "/api/add_prompt", {"session_id": sid, **CLICK})
+    entry = server.api.registry.get(ALICE, sid)
+    with alice.stream("POST", "/api/propagate_in_video", json={"session_id": sid, "propagation_direction": "forward"}) \
+            as stream:
+        lines = stream.iter_lines()
+        assert next(lines) == "event: start"
+        assert next(line for line in lines if line.startswith("data: {\"frame_index\""))
+    for _ in range(600):  # 60 s at most for the server to see the stream gone
+        if entry.streams == 0:
+            break
+        time.sleep(0.1)
+    assert entry.streams == 0, "the propagation went on after its client left"
+    assert len(entry.results) < 120  # stopped early: the 120 frames take seconds, the disconnect is seen at once
+    assert post(alice, "/api/add_prompt", {"session_id": sid, **CLICK, "obj_id": 8}).status_code == 200
