@@ -3,6 +3,7 @@
     sam3track track VIDEO --prompt TEXT --bundle DIR [-o OUT.mp4] ...
     sam3track batch INPUTS... --prompt TEXT --bundle DIR --out DIR ...
     sam3track demo; sam3track info BUNDLE
+    sam3track serve [--bundle DIR] [--root DIR] [--host 127.0.0.1] [--port 8000]
 
 This module parses the command line and dispatches; each subcommand lives in :mod:`sam3track.commands`.
 Every option and the exit codes: docs/api.md, "Command line outputs".
@@ -16,7 +17,7 @@ from collections.abc import Sequence
 from typing import NoReturn
 
 import sam3track
-from sam3track.commands import batch, demo, info, track
+from sam3track.commands import batch, demo, info, serve, track
 from sam3track.commands.common import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_OK, CliError
 from sam3track.commands.demo import demo_clip
 from sam3track.commands.track import run_track
@@ -66,7 +67,8 @@ def build_parser() -> argparse.ArgumentParser:
             "  sam3track demo                                   # the shipped random-weights bundle\n"
             "  python -m graphs.export --checkpoint SNAPSHOT --out sam3-bundle\n"
             "  sam3track track video.mp4 --prompt dog --bundle sam3-bundle --json dog.json\n"
-            "  sam3track info sam3-bundle\n\n"
+            "  sam3track info sam3-bundle\n"
+            "  sam3track serve --bundle sam3-bundle --root videos/  # a web page on 127.0.0.1:8000\n\n"
             "exit codes: 0 ok, 2 bad input, 130 Ctrl-C / 143 SIGTERM (the frames done are\n"
             "left beside the outputs as <stem>.interrupted<suffix>; complete outputs are kept)"
         ),
@@ -75,7 +77,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"sam3track {sam3track.__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    for command in (track, batch, demo, info):  # each command adds its own arguments
+    for command in (track, batch, demo, info, serve):  # each command adds its own arguments
         command.add_parser(sub)
     return parser
 

@@ -144,6 +144,11 @@ class OfficialPredictor:
                                f"its fields are: {', '.join(sorted(fields[kind]))}")
         return kind
 
+    def session(self, session_id: str):
+        """The :class:`~sam3track.TrackingSession` behind ``session_id`` (for frames and metadata the
+        request API does not return, e.g. the web server's); RequestError when no such session is open."""
+        return self._session({"session_id": session_id}, end_stream=False)
+
     def _session(self, request: dict, end_stream: bool = True):
         session_id = request["session_id"]
         session = self._sessions.get(session_id) if isinstance(session_id, str) else None
