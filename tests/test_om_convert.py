@@ -144,7 +144,9 @@ def test_plans_recorded_in_the_om_manifest(converted, tiny_plain_bundle):
     assert enc["ranges"]["via_image"] == [[1, 16]]
     assert "1~16" in next(a for a in enc["atc_command"] if a.startswith("--input_shape="))
     assert om["graphs"]["backbone"]["profiles"] is None and om["graphs"]["backbone"]["axes"] == {"images": [1]}
-    assert om["graphs"]["grounding_head"]["risky_ops"] == {"Einsum": 1}
+    # the plain export rewrote the mask product's Einsum and folded the backbone's shape-only Ifs
+    assert om["graphs"]["grounding_head"]["risky_ops"] == {} and om["graphs"]["backbone"]["risky_ops"] == {}
+    assert om["graphs"]["interactive_decoder"]["risky_ops"] == {"ScatterND": 4}
     assert om["source_bundle"]["manifest_sha256"] and dec["source"]["file"] == "propagation_decoder.onnx"
 
 
@@ -451,6 +453,78 @@ def test_fake_atc_accepts_each_mode(small_model, tmp_path, capsys, extra, mode, 
     assert header["mode"] == mode and [o["dims"] for o in header["outputs"]] == outputs
     assert [o["name"] for o in header["outputs"]] == ["add:0:c", "sum:0:e"]
     assert header["hidden_input"] == ("ascend_mbatch_shape_data" if mode.startswith("dynamic") else None)
+
+
+def _one_node(tmp_path, node, inputs, outputs, inits=(), opset=17) -> Path:
+    graph = helper.make_graph([node], "one", inputs, outputs, initializer=list(inits))
+    path = tmp_path / "one.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)]), str(path))
+    return path
+
+
+def _static_atc(tmp_path, path, capsys) -> tuple[int, str]:
+    model = onnx.load(str(path))
+    shape = ";".join(f"{i.name}:" + ",".join(str(d.dim_value) for d in i.type.tensor_type.shape.dim)
+                     for i in model.graph.input)
+    return _run(_atc(tmp_path, path, f"--input_shape={shape}"), capsys)
+
+
+F = TensorProto.FLOAT
+
+
+@pytest.mark.parametrize("node, inputs, inits, message", [
+    (helper.make_node("Einsum", ["q", "m"], ["y"], name="e", equation="bqc,bchw->bqhw"),
+     [("q", [2, 3, 4]), ("m", [2, 4, 5, 6])], [], "EZ9999: Op [e, optype [Einsum]]: equation 'bqc,bchw->bqhw'"),
+    (helper.make_node("Gelu", ["x"], ["y"], name="g"), [("x", [2, 3])], [],
+     "E16002: Op [g, optype [Gelu]]: op type [ai.onnx::17::Gelu] has no ONNX parser"),
+    (helper.make_node("RoiAlign", ["x", "rois", "idx"], ["y"], name="r", mode="max",
+                      coordinate_transformation_mode="output_half_pixel"),
+     [("x", [1, 2, 8, 8]), ("rois", [3, 4])], [helper.make_tensor("idx", TensorProto.INT64, [3], [0, 0, 0])],
+     "mode='max': the plugin drops `mode`"),
+    (helper.make_node("ScatterND", ["x", "i", "u"], ["y"], name="s", reduction="mul"),
+     [("x", [4, 3]), ("u", [1, 3])], [helper.make_tensor("i", TensorProto.INT64, [1, 1], [2])],
+     "reduction='mul': reduction='mul' is not supported"),
+    (helper.make_node("Resize", ["x", "", "", "sizes"], ["y"], name="z", mode="cubic"),
+     [("x", [1, 2, 4, 4])], [helper.make_tensor("sizes", TensorProto.INT64, [4], [1, 2, 8, 8])],
+     "mode='cubic': only nearest and linear"),
+    (helper.make_node("Resize", ["x", "", "", "sizes"], ["y"], name="z", mode="linear"),
+     [("x", [1, 2, 4, 4]), ("sizes", [4])], [], "input 3 (sizes) depends on input data"),
+])
+def test_fake_atc_refuses_ops_outside_the_operator_table(tmp_path, capsys, node, inputs, inits, message):
+    """om/onnx_ops.py: what ATC's ONNX parser registers per opset and the limits its kernels take."""
+    vi = [helper.make_tensor_value_info(n, TensorProto.INT64 if n == "sizes" else F, d) for n, d in inputs]
+    path = _one_node(tmp_path, node, vi, [helper.make_tensor_value_info("y", F, None)], inits)
+    rc, out = _static_atc(tmp_path, path, capsys)
+    assert rc != 0 and message in out and "ATC run failed" in out, out
+
+
+def test_fake_atc_takes_the_ops_and_forms_the_table_allows(tmp_path, capsys):
+    ok = helper.make_node("Einsum", ["a", "b"], ["y"], name="e", equation="xyz,zuv->xyuv")  # abc,cde->abde
+    path = _one_node(tmp_path, ok, [helper.make_tensor_value_info("a", F, [2, 3, 4]),
+                                    helper.make_tensor_value_info("b", F, [4, 5, 6])],
+                     [helper.make_tensor_value_info("y", F, None)])
+    assert _static_atc(tmp_path, path, capsys)[0] == 0
+    # Resize sizes computed from the input's shape: constant once --input_shape fixes it
+    graph = helper.make_graph(
+        [helper.make_node("Shape", ["x"], ["s"]), helper.make_node("Mul", ["s", "two"], ["sizes"]),
+         helper.make_node("Resize", ["x", "", "", "sizes"], ["y"], mode="linear")],
+        "r", [helper.make_tensor_value_info("x", F, [1, 2, 4, 4])], [helper.make_tensor_value_info("y", F, None)],
+        initializer=[helper.make_tensor("two", TensorProto.INT64, [4], [1, 1, 2, 2])])
+    path = tmp_path / "resize.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    assert _static_atc(tmp_path, path, capsys)[0] == 0
+
+
+def test_the_prepass_refuses_what_atc_would_refuse_naming_every_node(tmp_path):
+    from om.prepass import check_ops
+
+    model = onnx.load(str(_one_node(
+        tmp_path, helper.make_node("Einsum", ["q", "m"], ["y"], name="mask_product", equation="bqc,bchw->bqhw"),
+        [helper.make_tensor_value_info("q", F, [2, 3, 4]), helper.make_tensor_value_info("m", F, [2, 4, 5, 6])],
+        [helper.make_tensor_value_info("y", F, None)])))
+    with pytest.raises(PrepassError, match=r"graph g: 1 node\(s\) ATC would refuse .*\n  mask_product \(Einsum\): "
+                                           r"EZ9999 equation 'bqc,bchw->bqhw'"):
+        check_ops(model, "g")
 
 
 def test_run_atc_finds_the_linux_arch_name_by_glob(small_model, tmp_path, fake_bin):

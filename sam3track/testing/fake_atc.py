@@ -27,6 +27,7 @@ from pathlib import Path
 from om.atc_rules import MAX_DIMS_INPUT_RANK, MAX_DIMS_PER_PROFILE, soc_problem
 from om.atc_rules import MAX_PROFILES as MAX_GEARS
 from om.atc_rules import MIN_PROFILES as MIN_GEARS
+from om.onnx_ops import problems
 
 MAGIC = b"SAM3TRACK-FAKE-OM\n"
 FAKE_OM_VERSION = 1
@@ -138,21 +139,16 @@ def _load_model(path: str):
         raise _invalid("model", path, f"not a readable ONNX model ({exc})") from exc
 
 
-def _check_parsers(model) -> None:
-    """ATC's ONNX parser only knows default-domain ops (ModelZoo-PyTorch issue #6)."""
-    def walk(graph):
-        for node in graph.node:
-            yield node
-            for attr in node.attribute:
-                if attr.g.node:
-                    yield from walk(attr.g)
-                for g in attr.graphs:
-                    yield from walk(g)
-
-    for node in walk(model.graph):
-        if node.domain not in ("", "ai.onnx"):
-            raise AtcFailure("E19010", f"No parser is registered for Op [{node.name}, optype [{node.domain}::"
-                                       f"{node.op_type}]].")
+def _check_ops(model) -> None:
+    """Every node must be one ATC's ONNX parser registers at the model's opset, with attributes its
+    kernels take (om/onnx_ops.py: the operator table with its sources); the first that is not fails
+    with the error code ATC gives (E19010 custom domain, E16002 no parser, EZ9999 kernel limits)."""
+    found = problems(model)
+    if found:
+        p = found[0]
+        more = f" ({len(found) - 1} more)" if len(found) > 1 else ""
+        message = p.message if p.code == "E19010" else f"Op [{p.node}, optype [{p.op}]]: {p.message}"
+        raise AtcFailure(p.code, message + more)
 
 
 def _graph_inputs(model) -> list:
@@ -171,7 +167,7 @@ def check(opts: dict[str, str]) -> dict:
     _check_options(opts)
     fmt = opts.get("input_format")
     model = _load_model(opts["model"])
-    _check_parsers(model)
+    _check_ops(model)
     inputs = _graph_inputs(model)
     names = [i.name for i in inputs]
     shapes = _input_shapes(opts, inputs, names)
