@@ -72,12 +72,8 @@ def make_plans(manifest: dict, gears: dict[str, tuple[int, ...]] | None = None, 
     return plans
 
 
-def convert_bundle(bundle: Path, soc: str, out: Path, *, gears: dict[str, tuple[int, ...]] | None = None,
-                   precision: dict[str, str] | None = None, shape_range=(), overwrite: bool = False,
-                   atc: str | None = "auto", log=print) -> dict:
-    """Build the OM bundle at ``out``; returns its om_manifest. ``atc``: path of atc, None to only plan,
-    "auto" to use the one on PATH if any."""
-    bundle, out = Path(bundle), Path(out).absolute()
+def _checked_source(bundle: Path, soc: str, out: Path, overwrite: bool) -> Bundle:
+    """The source bundle, once the SoC, the destination and the bundle's attention form are fine."""
     if not soc:
         raise ConversionError("--soc is required: 'Ascend' + the Chip Name npu-smi info shows (e.g. Ascend910B2)")
     if soc_problem(soc):
@@ -93,6 +89,18 @@ def convert_bundle(bundle: Path, soc: str, out: Path, *, gears: dict[str, tuple[
             "which ATC cannot parse; export the bundle again with standard ops for Ascend: "
             f"python -m graphs.export{' --family sam3.1' if family(manifest) == sam31.FAMILY else ''} ... "
             "--attention plain")
+    return source
+
+
+def convert_bundle(bundle: Path, soc: str, out: Path, *, gears: dict[str, tuple[int, ...]] | None = None,
+                   precision: dict[str, str] | None = None, shape_range=(), overwrite: bool = False,
+                   atc: str | None = "auto", log=print, atc_log: str = "error", atc_log_dir: Path | None = None) -> dict:
+    """Build the OM bundle at ``out``; returns its om_manifest. ``atc``: path of atc, None to only plan,
+    "auto" to use the one on PATH if any. ``atc_log``: ATC's --log level; ``atc_log_dir``: where each
+    graph's atc output is kept (<graph>.atc.log)."""
+    bundle, out = Path(bundle), Path(out).absolute()
+    source = _checked_source(bundle, soc, out, overwrite)
+    manifest = source.manifest
     plans = make_plans(manifest, gears, shape_range, precision)
     # ascend.md 1.3: mixed_bfloat16 is for A2/910B only. [unconfirmed] which other SoCs accept it: warn, not refuse.
     bf16 = [g for g, p in plans.items() if p.precision == "mixed_bfloat16"]
@@ -112,10 +120,11 @@ def convert_bundle(bundle: Path, soc: str, out: Path, *, gears: dict[str, tuple[
             for w in report.warnings:
                 log(f"warning: {w}")
             onnx_files[name] = [onnx_rel] + [f"onnx/{d}" for d in report.data_files]
-            argv = atc_mod.atc_command(plan, soc, onnx_rel, f"om/{name}")
+            argv = atc_mod.atc_command(plan, soc, onnx_rel, f"om/{name}", atc_log)
             script = f"atc/{name}.atc.sh"
             atc_mod.write_script(staging / script, argv)
-            om_file = atc_mod.run_atc(argv, staging, name, atc) if atc else None
+            log_file = Path(atc_log_dir) / f"{name}.atc.log" if atc_log_dir else None
+            om_file = atc_mod.run_atc(argv, staging, name, atc, log_file) if atc else None
             src_file = manifest["graphs"][name]["file"]
             entries[name] = manifest_mod.graph_entry(
                 plan, src_file, file_sha256(bundle / src_file), onnx_rel, file_sha256(staging / onnx_rel),
