@@ -144,6 +144,11 @@ def export_module(module, spec, inputs: dict, out_dir: Path, precision: str = "f
         )
     proto = onnx.load(str(path))
     _deduplicate_constants(proto)
+    if layers == "plain":  # the standard-op export is for ATC: the forms it parses (graphs/onnx_rewrites.py)
+        from .onnx_rewrites import einsum_as_matmul, fold_shape_only_ifs
+
+        fold_shape_only_ifs(proto)
+        einsum_as_matmul(proto)
     try:
         rounding = bf16_rounding.name_nodes(proto, name)
     except bf16_rounding.RoundingError as e:

@@ -16,16 +16,22 @@ PRECISIONS = ("origin", "fp16", "mixed_float16", "mixed_bfloat16")
 OUTPUT_TAIL_CHARS = 4000
 
 
-def atc_command(plan: GraphPlan, soc: str, model: str, output: str) -> list[str]:
+LOG_LEVELS = ("error", "warning", "info", "debug")
+
+
+def atc_command(plan: GraphPlan, soc: str, model: str, output: str, log: str = "error") -> list[str]:
     """argv of one atc run. ``model`` and ``output`` are relative to the OM bundle (atc runs with cwd there),
-    so the recorded command stays true after the bundle is moved or renamed."""
+    so the recorded command stays true after the bundle is moved or renamed. ``log``: ATC's --log level
+    (python -m om.smoke runs at info and keeps the output)."""
+    if log not in LOG_LEVELS:
+        raise ConversionError(f"--log {log!r}: choose from {', '.join(LOG_LEVELS)}")
     if plan.precision not in PRECISIONS:
         raise ConversionError(f"graph {plan.graph}: precision {plan.precision!r}; choose from {', '.join(PRECISIONS)}")
     # ND for every graph: --dynamic_dims requires it and nothing here needs a layout-aware format.
     return (["atc", "--framework=5", f"--model={model}", f"--output={output}", f"--soc_version={soc}",
              "--input_format=ND", f"--input_shape={plan.input_shape_arg()}"]
             + plan.dynamic_args()
-            + [f"--precision_mode_v2={plan.precision}", "--log=error"])
+            + [f"--precision_mode_v2={plan.precision}", f"--log={log}"])
 
 
 def write_script(path: Path, argv: list[str]) -> None:
@@ -40,11 +46,12 @@ def find_atc() -> str | None:
     return shutil.which("atc")
 
 
-def run_atc(argv: list[str], cwd: Path, graph: str, atc: str) -> str:
+def run_atc(argv: list[str], cwd: Path, graph: str, atc: str, log_file: Path | None = None) -> str:
     """Run atc for one graph with cwd = the bundle being built; return the .om path it wrote (relative to cwd).
 
     The file name is found by glob, never assumed: models with unknown-shape parts get _linux_<arch>
     appended (ascend.md 1.1), and only a single new file is accepted as this graph's output.
+    ``log_file``: where atc's whole output is kept (failing or not).
     """
     output = next(a.split("=", 1)[1] for a in argv if a.startswith("--output="))
     prefix = cwd / output
@@ -55,6 +62,9 @@ def run_atc(argv: list[str], cwd: Path, graph: str, atc: str) -> str:
                               text=True, errors="replace")
     except OSError as exc:
         raise AtcError(f"graph {graph}: cannot run {atc}: {exc}") from exc
+    if log_file is not None:
+        log_file.parent.mkdir(parents=True, exist_ok=True)
+        log_file.write_text(f"$ {shlex.join(argv)}\n{proc.stdout}")
     if proc.returncode != 0:
         tail = proc.stdout[-OUTPUT_TAIL_CHARS:].rstrip()
         raise AtcError(f"graph {graph}: atc exited with status {proc.returncode}. Its output ends:\n{tail}\n"

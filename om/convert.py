@@ -20,10 +20,11 @@ from sam3track.bundle import Bundle, file_sha256
 from sam3track.errors import Sam3TrackError
 
 from . import atc as atc_mod
+from .atc_rules import BF16_SOCS, soc_problem
 from . import manifest as manifest_mod
 from .errors import ConversionError
 from . import sam31
-from .plan import (DEFAULT_GEARS, GRAPH_GEARS, GraphPlan, axes_of, default_gears, family, graph_gears, parse_gears,
+from .plan import (DEFAULT_GEARS, GraphPlan, axes_of, default_gears, family, graph_gears, parse_gears,
                    plan_graph)
 from .prepass import make_atc_ready
 
@@ -71,14 +72,12 @@ def make_plans(manifest: dict, gears: dict[str, tuple[int, ...]] | None = None, 
     return plans
 
 
-def convert_bundle(bundle: Path, soc: str, out: Path, *, gears: dict[str, tuple[int, ...]] | None = None,
-                   precision: dict[str, str] | None = None, shape_range=(), overwrite: bool = False,
-                   atc: str | None = "auto", log=print) -> dict:
-    """Build the OM bundle at ``out``; returns its om_manifest. ``atc``: path of atc, None to only plan,
-    "auto" to use the one on PATH if any."""
-    bundle, out = Path(bundle), Path(out).absolute()
+def _checked_source(bundle: Path, soc: str, out: Path, overwrite: bool) -> Bundle:
+    """The source bundle, once the SoC, the destination and the bundle's attention form are fine."""
     if not soc:
         raise ConversionError("--soc is required: 'Ascend' + the Chip Name npu-smi info shows (e.g. Ascend910B2)")
+    if soc_problem(soc):
+        raise ConversionError(f"--soc {soc_problem(soc)}")
     if out.exists() and not overwrite:
         raise ConversionError(f"{out} already exists; pass --overwrite to replace it or choose another --out")
     source = Bundle.open(bundle)  # refuses a broken or changed bundle (either family) before any work
@@ -90,10 +89,22 @@ def convert_bundle(bundle: Path, soc: str, out: Path, *, gears: dict[str, tuple[
             "which ATC cannot parse; export the bundle again with standard ops for Ascend: "
             f"python -m graphs.export{' --family sam3.1' if family(manifest) == sam31.FAMILY else ''} ... "
             "--attention plain")
+    return source
+
+
+def convert_bundle(bundle: Path, soc: str, out: Path, *, gears: dict[str, tuple[int, ...]] | None = None,
+                   precision: dict[str, str] | None = None, shape_range=(), overwrite: bool = False,
+                   atc: str | None = "auto", log=print, atc_log: str = "error", atc_log_dir: Path | None = None) -> dict:
+    """Build the OM bundle at ``out``; returns its om_manifest. ``atc``: path of atc, None to only plan,
+    "auto" to use the one on PATH if any. ``atc_log``: ATC's --log level; ``atc_log_dir``: where each
+    graph's atc output is kept (<graph>.atc.log)."""
+    bundle, out = Path(bundle), Path(out).absolute()
+    source = _checked_source(bundle, soc, out, overwrite)
+    manifest = source.manifest
     plans = make_plans(manifest, gears, shape_range, precision)
     # ascend.md 1.3: mixed_bfloat16 is for A2/910B only. [unconfirmed] which other SoCs accept it: warn, not refuse.
     bf16 = [g for g, p in plans.items() if p.precision == "mixed_bfloat16"]
-    if bf16 and not soc.startswith(("Ascend910B", "Ascend910_93")):
+    if bf16 and soc not in BF16_SOCS:
         log(f"warning: {', '.join(bf16)}: mixed_bfloat16 is documented for 910B (A2) only, not {soc}")
     if atc == "auto":
         atc = atc_mod.find_atc()
@@ -109,10 +120,11 @@ def convert_bundle(bundle: Path, soc: str, out: Path, *, gears: dict[str, tuple[
             for w in report.warnings:
                 log(f"warning: {w}")
             onnx_files[name] = [onnx_rel] + [f"onnx/{d}" for d in report.data_files]
-            argv = atc_mod.atc_command(plan, soc, onnx_rel, f"om/{name}")
+            argv = atc_mod.atc_command(plan, soc, onnx_rel, f"om/{name}", atc_log)
             script = f"atc/{name}.atc.sh"
             atc_mod.write_script(staging / script, argv)
-            om_file = atc_mod.run_atc(argv, staging, name, atc) if atc else None
+            log_file = Path(atc_log_dir) / f"{name}.atc.log" if atc_log_dir else None
+            om_file = atc_mod.run_atc(argv, staging, name, atc, log_file) if atc else None
             src_file = manifest["graphs"][name]["file"]
             entries[name] = manifest_mod.graph_entry(
                 plan, src_file, file_sha256(bundle / src_file), onnx_rel, file_sha256(staging / onnx_rel),
@@ -151,12 +163,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--gears", nargs="+", default=[], metavar="AXIS=N,N",
                         help=f"sizes to compile per axis (default {defaults}; the propagation_decoder's memories, "
                              "pointers, memory_rows and pointer_rows are fixed at capacities from the bundle's "
-                             "config, om.plan.default_capacities; per-graph defaults where an axis is not "
-                             f"given: {GRAPH_GEARS}; interactive_decoder's pool axes keep their largest size; "
+                             "config, om.plan.default_capacities; interactive_decoder runs one object and keeps "
+                             "its pool axes at their largest size; "
                              "a SAM 3.1 bundle adds buckets=1,2,4 and mask_side=14F,16F, fixes memories, pointers "
-                             "and the pool rows at om.sam31.capacities and runs grounding_head's images at the "
-                             "prompt gears, prompts 1 or equal to images). One size fixes an axis; more make it "
-                             "vary.")
+                             "and the pool rows at om.sam31.capacities, runs grounding_head's rows (images = "
+                             "prompts) at the prompt gears, memory_encoder one bucket and box_grounding_head one "
+                             "image). One size fixes an axis; more make it vary. --dynamic_dims profiles take at "
+                             "most 4 values: vary few axes of a graph whose axes sit beyond dim 0.")
     parser.add_argument("--shape-range", nargs="+", default=[], metavar="GRAPH",
                         help="compile these graphs in shape-range mode (lo~hi dims, 910B/310P only) instead of gears")
     args = parser.parse_args(argv)

@@ -14,11 +14,10 @@ from dataclasses import dataclass, field
 from sam3track.call_sizes import DEFAULT_GEARS, GRAPH_GEARS  # noqa: F401  one definition, shared with ORT on CANN
 
 from . import sam31
+from .atc_rules import MAX_DIMS_INPUT_RANK, MAX_DIMS_PER_PROFILE, MAX_PROFILES, MIN_PROFILES  # noqa: F401
 from .errors import PlanError
 
 MODES = ("static", "dynamic_batch", "dynamic_dims", "shape_range")
-# ATC: "(1,100]" gears for --dynamic_batch_size and profiles for --dynamic_dims [D-batch, D-dims].
-MIN_PROFILES, MAX_PROFILES = 2, 100
 
 
 def default_capacities(manifest: dict) -> dict[str, int]:
@@ -64,18 +63,27 @@ def default_gears(manifest: dict) -> dict[str, tuple[int, ...]]:
 # keeps the largest, so its profiles stay objects x points.
 POOL_AXES = ("memories", "pointers", "memory_rows", "pointer_rows")
 ONE_SIZE_POOL_AXES = ("interactive_decoder",)
+# Sizes a graph is compiled at whatever --gears says (SAM 3.1 adds om.sam31.FIXED). interactive_decoder
+# runs one object per call: its points vary at dim 1, so it needs --dynamic_dims, whose profiles take at
+# most 4 values (om/atc_rules.py), and objects appear in up to 10 of its inputs, points in 2. Several
+# clicked objects run as chunks of one (sam3track/call_sizes.py).
+FIXED_GEARS = {"interactive_decoder": {"objects": (1,)}}
 
 
 def graph_gears(name: str, gears: dict[str, tuple[int, ...]], explicit=(), family: str = "sam3"
                 ) -> dict[str, tuple[int, ...]]:
     """The gears of graph ``name``: ``gears`` with GRAPH_GEARS' per-graph defaults (and a SAM 3.1
     bundle's, om/sam31.py) for axes the user did not name (``explicit``: the axes given with --gears),
-    and the pool axes of ONE_SIZE_POOL_AXES graphs fixed at their largest size."""
+    the pool axes of ONE_SIZE_POOL_AXES graphs fixed at their largest size, and FIXED_GEARS (and
+    om.sam31.FIXED) whatever was named."""
     out = dict(gears)
     per_graph = dict(GRAPH_GEARS.get(name, {}))
     if family == sam31.FAMILY:
         per_graph.update(sam31.graph_gears(gears).get(name, {}))
     out.update({a: s for a, s in per_graph.items() if a not in explicit})
+    out.update(FIXED_GEARS.get(name, {}))  # sizes the graph is compiled at, whatever --gears says
+    if family == sam31.FAMILY:
+        out.update(sam31.FIXED.get(name, {}))
     if name in ONE_SIZE_POOL_AXES:
         out.update({a: (max(out[a]),) for a in POOL_AXES if out.get(a)})
     return out
@@ -198,7 +206,7 @@ class GraphPlan:
         """Every compiled gear as {varying axis: size} (one per batch gear or dims profile); None for
         static and shape-range plans."""
         if self.batch_sizes is not None:
-            return [{self.varying[0]: b} for b in self.batch_sizes]
+            return [{a: b for a in self.varying} for b in self.batch_sizes]
         if self.dynamic_dims is not None:
             holes = self.placeholders()
             return [{h.axis: v for h, v in zip(holes, p)} for p in self.dynamic_dims]
@@ -252,15 +260,15 @@ class GraphPlan:
 
     def _check_batch(self, holes: list[Placeholder]) -> None:
         g, varying = self.graph, self.varying
-        if len(varying) != 1:
-            raise PlanError(f"graph {g}: --dynamic_batch_size gives every -1 one value, but axes {varying} vary; "
-                            "use dynamic_dims or give all but one axis a single gear")
+        if len({self.axes[a] for a in varying}) != 1:
+            raise PlanError(f"graph {g}: --dynamic_batch_size gives every -1 one value, but axes {varying} vary "
+                            "apart; use dynamic_dims or give all but one axis a single gear")
         bad = [h for h in holes if h.dim != 0]
         if bad:
             raise PlanError(f"graph {g}: --dynamic_batch_size allows -1 only at dim 0, but {bad[0].input} has "
                             f"{bad[0].axis} at dim {bad[0].dim}; use dynamic_dims for this graph")
         self._check_count(len(self.batch_sizes), "batch gears")
-        if tuple(self.batch_sizes) != tuple(self.axes[varying[0]]):
+        if tuple(self.batch_sizes) != tuple(self.axes[varying[0]]):  # tied axes share these sizes
             raise PlanError(f"graph {g}: batch gears {list(self.batch_sizes)} differ from the sizes of "
                             f"{varying[0]} {list(self.axes[varying[0]])}")
 
@@ -269,6 +277,17 @@ class GraphPlan:
         self._check_count(len(self.dynamic_dims), "--dynamic_dims profiles")
         if not holes:
             raise PlanError(f"graph {g}: --dynamic_dims is set but no input dim is -1; the graph is static")
+        if len(holes) > MAX_DIMS_PER_PROFILE:  # atc_rules: at most 4 values per profile [D-dims4]
+            where = ", ".join(f"{h.input}[{h.dim}]" for h in holes)
+            raise PlanError(f"graph {g}: --dynamic_dims would need {len(holes)} values per profile ({where}), ATC "
+                            f"takes at most {MAX_DIMS_PER_PROFILE}; vary fewer axes (give the others one gear with "
+                            "--gears AXIS=N) or vary only axes at dim 0 (dynamic batch)")
+        ranks = [t for t in self.inputs if any(h.input == t.name for h in holes) and len(t.shape) > MAX_DIMS_INPUT_RANK]
+        if ranks:
+            raise PlanError(f"graph {g}: input {ranks[0].name} has rank {len(ranks[0].shape)} and a dynamic dim; "
+                            f"--dynamic_dims takes inputs of rank <= {MAX_DIMS_INPUT_RANK}")
+        if len(set(map(tuple, self.dynamic_dims))) != len(self.dynamic_dims):  # E10039 [GE-mbo]
+            raise PlanError(f"graph {g}: --dynamic_dims lists a profile twice; ATC refuses duplicate profiles")
         for k, profile in enumerate(self.dynamic_dims):
             if len(profile) != len(holes):
                 where = ", ".join(f"{h.input}[{h.dim}]={h.axis}" for h in holes)
@@ -342,8 +361,9 @@ def plan_graph(name: str, entry: dict, gears: dict[str, tuple[int, ...]], shape_
                        for t in plan.inputs}
         return plan.validate()
     holes = plan.placeholders()
-    if len(varying) == 1 and all(h.dim == 0 for h in holes):
-        plan.batch_sizes = plan.axes[varying[0]]
+    tied = _tied_sizes(plan, allowed)
+    if tied is not None and all(h.dim == 0 for h in holes):
+        plan.batch_sizes = tied
         return plan.validate()
     profiles = []
     for combo in itertools.product(*(plan.axes[a] for a in varying)):
@@ -352,6 +372,21 @@ def plan_graph(name: str, entry: dict, gears: dict[str, tuple[int, ...]], shape_
             profiles.append(tuple(size[h.axis] for h in holes))
     plan.dynamic_dims = tuple(profiles)
     return plan.validate()
+
+
+def _tied_sizes(plan: GraphPlan, allowed) -> tuple[int, ...] | None:
+    """The batch gears when every compiled combination gives all varying axes one size (a single
+    varying axis, or axes ``allowed`` ties together such as SAM 3.1's image-prompt rows), else None:
+    --dynamic_batch_size gives every -1 the same value [D-batch]."""
+    varying = plan.varying
+    if len(varying) == 1:
+        return plan.axes[varying[0]]
+    if allowed is None:
+        return None
+    combos = _allowed_combinations(plan, allowed)
+    if any(len(set(c.values())) != 1 for c in combos):
+        return None
+    return tuple(sorted({next(iter(c.values())) for c in combos}))
 
 
 def _allowed_combinations(plan: GraphPlan, allowed) -> list[dict[str, int]]:

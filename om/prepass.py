@@ -19,16 +19,14 @@ from .errors import PrepassError
 from .plan import GraphPlan
 
 DEFAULT_DOMAINS = ("", "ai.onnx")
-# Ops ATC is known or suspected to reject or to run badly (ascend.md 1.4; only E19010 is confirmed there,
-# the rest is "verify on the first real run", so these are reported, never refused).
+# Ops ATC parses (om/onnx_ops.py: what it does not parse is refused) that may still run badly: reported,
+# never refused (ascend.md 1.4, "verify on the first real run"; om.smoke times them on hardware).
 RISKY_OPS = {
-    "Einsum": "often unsupported; rewrite to MatMul/Transpose",
     "NonZero": "data-dependent output shape forces a dynamic partition",
     "TopK": "data-dependent shapes may force a dynamic partition",
     "Unique": "data-dependent output shape",
-    "ScatterND": "reported to break or fall back to AI-CPU",
-    "GridSample": "opset support varies",
-    "If": "control flow",
+    "ScatterND": "reported to fall back to AI CPU",
+    "If": "control flow (the export folds shape-only ones: graphs/onnx_rewrites.py)",
     "Loop": "control flow",
     "Scan": "control flow",
 }
@@ -63,6 +61,18 @@ def check_domains(model, graph_name: str) -> None:
                 f"graph {graph_name}: node {node.name or '(unnamed)'!r} is op {node.op_type} of domain "
                 f"{node.domain!r}; ATC parses only the default ONNX domain (it fails with E19010 'No parser is "
                 f"registered for Op'). Export this graph without custom ops (e.g. no onnxruntime fusions)")
+
+
+def check_ops(model, graph_name: str) -> None:
+    """Refuse a graph with nodes ATC would not parse or compile (om/onnx_ops.py), naming them all."""
+    from .onnx_ops import problems
+
+    found = problems(model)
+    if found:
+        lines = "\n".join(f"  {p.node} ({p.op}): {p.code} {p.message}" for p in found[:10])
+        raise PrepassError(f"graph {graph_name}: {len(found)} node(s) ATC would refuse (om/onnx_ops.py, docs/ascend.md "
+                           f"'What the fake atc checks'):\n{lines}\nExport the bundle again with --attention plain "
+                           "(its forms are rewritten for ATC) or change the graph")
 
 
 def _single_default_opset(model, graph_name: str) -> None:
@@ -109,6 +119,7 @@ def make_atc_ready(src: Path, plan: GraphPlan, manifest: dict, out: Path, seed: 
     model = onnx.load(str(src))
     check_domains(model, g)
     _single_default_opset(model, g)
+    check_ops(model, g)
 
     inits = {i.name for i in model.graph.initializer}
     onnx_inputs = [i for i in model.graph.input if i.name not in inits]

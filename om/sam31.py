@@ -17,11 +17,22 @@ SPARE_ENTRIES = 8  # per bucket beyond the recent window, as SAM 3's pools (cond
 # The boxes of one boxes add_prompt a converted bundle takes (more: convert with --gears boxes=...)
 BOX_GEARS = (1, 2, 4, 8)
 
-# Axis rules a --dynamic_dims profile must satisfy, per graph: sizes -> allowed.
+# Axis rules a compiled gear must satisfy, per graph: sizes -> allowed. The graph itself runs prompts 1
+# (one prompt for every image) or prompts = images; the grounding head is compiled for prompts =
+# images only: its 5 inputs with a -1 exceed the 4 values a --dynamic_dims profile takes
+# (om/atc_rules.py), and with the two axes tied it is dynamic batch over image-prompt rows (one
+# prompt for several images is the same prompt repeated per row).
 ALLOWED = {
-    "grounding_head": lambda s: s["prompts"] in (1, s["images"]),
+    "grounding_head": lambda s: s["prompts"] == s["images"],
     "box_grounding_head": lambda s: s["prompts"] in (1, s["images"]),
 }
+
+
+# Axes a graph is compiled at one size whatever --gears says, so that its --dynamic_dims profiles keep
+# within the 4 values ATC takes (om/atc_rules.py): the box grounding head runs on the frame of a boxes
+# add_prompt, one image and one prompt (varying images too: 9 values); the memory encoder runs one
+# bucket per call (buckets x mask sides: 6 values; the runtime chunks buckets).
+FIXED = {"box_grounding_head": {"images": (1,), "prompts": (1,)}, "memory_encoder": {"buckets": (1,)}}
 
 
 def capacities(manifest: dict) -> dict[str, int]:
@@ -67,8 +78,9 @@ def default_gears(manifest: dict, base: dict[str, tuple[int, ...]]) -> dict[str,
 
 def graph_gears(base: dict[str, tuple[int, ...]]) -> dict[str, dict[str, tuple[int, ...]]]:
     """Per-graph defaults (where an axis was not given with --gears): grounding_head's images run at
-    the prompt gears (its rows are image-prompt pairs); box_grounding_head runs one image, one prompt."""
-    return {"grounding_head": {"images": base["prompts"]}, "box_grounding_head": {"images": (1,), "prompts": (1,)}}
+    the prompt gears (its rows are image-prompt pairs); box_grounding_head runs one image, one prompt
+    (FIXED); memory_encoder one bucket (FIXED), so only its mask sides vary."""
+    return {"grounding_head": {"images": base["prompts"]}}
 
 
 def notes(plan) -> list[str]:
@@ -78,8 +90,8 @@ def notes(plan) -> list[str]:
         return [f"boxes at {', '.join(map(str, axes.get('boxes', ())))}: a call is padded to the next gear with "
                 "box_valid 0 (no token attends to a padding box); more boxes need --gears boxes=..."]
     if name == "grounding_head" and plan.varying:
-        return ["rows are image-prompt pairs: profiles only where prompts is 1 (one prompt for every image) or "
-                "equals images (prompt i with image i), the only shapes the graph runs"]
+        return ["rows are image-prompt pairs (prompt i with image i): images and prompts take one batch gear; "
+                "one prompt for several images runs as that prompt repeated per row"]
     if name == "propagation_decoder":
         pools = ", ".join(f"{a}={axes[a][-1]}" for a in ("memories", "pointers", "memory_rows", "image_rows",
                                                           "pointer_rows") if a in axes)
@@ -88,5 +100,6 @@ def notes(plan) -> list[str]:
                 "indexed (row 0 is the padding row); padding buckets repeat a real one and are dropped"]
     if name == "memory_encoder" and len(axes.get("mask_side", ())) > 1:
         return ["mask_side at 14F (births, clicks) and 16F (propagated frames), both call shapes: the graph "
-                "resizes 14F to 16F itself"]
+                "resizes 14F to 16F itself; one bucket per call (buckets x mask sides would need 6 values per "
+                "--dynamic_dims profile, ATC takes 4), the runtime runs a frame's buckets as chunks of one"]
     return []

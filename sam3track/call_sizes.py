@@ -37,10 +37,9 @@ class Chunk:
 DEFAULT_GEARS = {"objects": (1, 2, 4, 8, 16), "prompts": (1, 2, 4, 8), "images": (1,),
                  "points": (1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 16)}
 # Per-graph defaults where one graph needs other gears than DEFAULT_GEARS (om.convert; ONNX Runtime's
-# gears are one set for every graph). interactive_decoder varies objects and points together, so it
-# compiles one --dynamic_dims profile per pair: few objects are clicked at once, and 3 object gears x
-# 11 point gears = 33 profiles stays well inside ATC's 2..100.
-GRAPH_GEARS = {"interactive_decoder": {"objects": (1, 2, 4)}}
+# gears are one set for every graph); none at present. Sizes a graph is compiled at whatever --gears
+# says are om.plan.FIXED_GEARS (interactive_decoder: one object per call).
+GRAPH_GEARS: dict[str, dict[str, tuple[int, ...]]] = {}
 
 
 def default_gears(config) -> dict[str, tuple[int, ...]]:

@@ -162,6 +162,53 @@ def test_om_gears_that_disagree_with_the_manifest_are_refused(backend, tmp_path)
         backend.load("dims", "dims.onnx", compiled)
 
 
+def test_outputs_are_bound_by_position_when_the_desc_gives_no_tensor_names(tmp_path):
+    """A desc whose output names read "node:index" (ascend.md audit, risk 2): bound in the ONNX output
+    order om_manifest.json lists, and a dtype that disagrees with the manifest is refused."""
+    with emulator.install(output_tensor_names=False):
+        backend = create_backend("acl", "npu:0")
+        try:
+            graph = backend.load("batch", "batch.onnx", batch_om(tmp_path))
+            assert graph.output_names == ("y", "score")
+            x = _rand(2, 4, seed=7)
+            out = backend.run(graph, {"x": x, "flag": np.zeros(2, np.float32), "bias": np.zeros(4, np.float32)})
+            np.testing.assert_allclose(backend.to_host(out["score"])[:, 0], x.sum(1), rtol=1e-5)
+            swapped = batch_om(tmp_path)
+            swapped["outputs"][0]["dtype"] = "int32"  # what position 0 holds is float32 in the OM
+            with pytest.raises(BundleError, match=r"tensor y is float32 in the OM model but int32"):
+                backend.load("batch", "batch.onnx", swapped)
+        finally:
+            backend.close()
+
+
+def test_a_dims_model_reporting_fewer_gears_than_planned_is_refused(backend, tmp_path):
+    compiled = {**dims_om(tmp_path), "profiles": [[1, 1, 2], [2, 2, 2], [4, 4, 4], [4, 4, 2]]}
+    with pytest.raises(BundleError, match=r"reports 3 dynamic dims gears, om_manifest.json planned 4"):
+        backend.load("dims", "dims.onnx", compiled)
+
+
+def test_a_placed_output_smaller_than_the_largest_gear_gets_a_device_copy(backend, emu, tmp_path):
+    """GE writes the largest gear's size into an output buffer: a pool view sized for this gear is
+    never handed to the model; the graph's own buffer is, and its gear-sized prefix is copied in."""
+    graph = backend.load("dims", "dims.onnx", dims_om(tmp_path))
+    pool = backend.zeros((3, 2, 2), np.float32)
+    a, b = _rand(2, 3, seed=1), _rand(2, 3, seed=2)
+    before = emu.stats.d2d_count
+    out = backend.run(graph, {"a": a, "mask": np.ones((2, 1), np.float32), "b": b},
+                      {"scores": _view(backend, pool, 1)})
+    assert emu.stats.d2d_count == before + 1
+    expected = np.zeros((3, 2, 2), np.float32)
+    expected[1] = a @ b.T
+    np.testing.assert_allclose(backend.to_host(pool), expected, rtol=1e-5, atol=1e-6)
+    assert out["scores"].shape == (2, 2)
+
+
+def _view(backend, pool, row):
+    """Row `row` of a [R, 2, 2] pool as a [2, 2] tensor (the gear (2, 2) of scores; the largest is 4 x 4)."""
+    view = backend.rows(pool, row, 1)
+    return DeviceTensor((2, 2), view.dtype, view.handle)
+
+
 def test_an_om_whose_output_size_is_unknown_is_refused_at_load(backend, tmp_path):
     onnx_bytes = _onnx([helper.make_node("Add", ["x", "x"], ["y"])], [helper.make_tensor_value_info("x", F32, [2, 3])],
                        [helper.make_tensor_value_info("y", F32, [2, 3])])

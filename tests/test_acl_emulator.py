@@ -552,6 +552,75 @@ def test_gear_rules(acl_emu, tmp_path):
     assert acl.mdl.set_dynamic_batch_size(dims.model, dims.ins, 2, 2) != 0
 
 
+def test_dims_gear_queries_take_index_minus_one_and_a_count_at_least_the_gears(acl_emu, tmp_path):
+    """hicann/ge model_om2.cpp: index must be -1; a gear count below the model's is refused, above it
+    accepted (one entry per gear comes back)."""
+    import acl
+
+    rig = Rig(acl, write_om(tmp_path, "dynamic_dims"))
+    assert acl.mdl.get_input_dynamic_gear_count(rig.desc, -1) == (3, 0)
+    assert acl.mdl.get_input_dynamic_gear_count(rig.desc, 2)[1] == C.ACL_ERROR_INVALID_PARAM
+    assert acl.mdl.get_input_dynamic_dims(rig.desc, 0, 3)[1] == C.ACL_ERROR_INVALID_PARAM
+    assert acl.mdl.get_input_dynamic_dims(rig.desc, -1, 2)[1] == C.ACL_ERROR_INVALID_PARAM
+    gears, ret = acl.mdl.get_input_dynamic_dims(rig.desc, -1, 8)
+    assert ret == 0 and [g["dims"] for g in gears] == [[1, 4, 1, 3], [2, 4, 3, 3], [4, 4, 6, 3]]
+    batch = Rig.__new__(Rig)
+    batch.acl, batch.ptrs, batch.bufs = acl, [], []
+    batch.load(write_om(tmp_path, "dynamic_batch"))
+    assert acl.mdl.get_input_dynamic_gear_count(batch.desc, -1) == (0, 0)  # batch gears are not dims gears
+
+
+def test_the_gear_is_set_on_the_input_dataset(acl_emu, tmp_path):
+    """Another dataset sharing the hidden buffer has no gear of its own; a gear set through it leaves
+    the first dataset's gear differing from the buffer's bytes: both fail (145013)."""
+    import acl
+
+    rig = Rig(acl, write_om(tmp_path, "dynamic_batch"))
+    other = acl.mdl.create_dataset()
+    for i in range(3):
+        acl.mdl.add_dataset_buffer(other, acl.mdl.get_dataset_buffer(rig.ins, i))
+    assert acl.mdl.set_dynamic_batch_size(rig.model, rig.ins, 2, 2) == 0
+    assert acl.mdl.execute(rig.model, rig.ins, rig.outs) == 0
+    assert acl.mdl.execute(rig.model, other, rig.outs) == C.ACL_ERROR_GE_DYNAMIC_BATCH_SIZE_INVALID
+    assert "no gear selected on this input dataset" in acl.get_recent_err_msg()
+    assert acl.mdl.set_dynamic_batch_size(rig.model, other, 2, 4) == 0
+    assert acl.mdl.execute(rig.model, other, rig.outs) == 0
+    assert acl.mdl.execute(rig.model, rig.ins, rig.outs) == C.ACL_ERROR_GE_DYNAMIC_BATCH_SIZE_INVALID
+    assert "differs from the [4]" in acl.get_recent_err_msg()
+    assert acl.mdl.destroy_dataset(other) == 0
+
+
+def test_gear_model_outputs_need_the_largest_gear_and_carry_leftovers_past_the_gear(acl_emu, tmp_path):
+    """GE copies an output's largest-gear size into the caller's buffer (davinci_model.cc
+    CopyOutputDataLegacy): a buffer sized for the current gear is refused, and the bytes after this
+    gear's result are not the result."""
+    import acl
+
+    rig = Rig(acl, write_om(tmp_path, "dynamic_batch"), {("out", 0): 2 * 16})  # a: room for gear 2 only
+    assert acl.mdl.set_dynamic_batch_size(rig.model, rig.ins, 2, 2) == 0
+    assert acl.mdl.execute(rig.model, rig.ins, rig.outs) == C.ACL_ERROR_RT_PARAM_INVALID
+    assert "largest gear" in acl.get_recent_err_msg() and "needs 64 B" in acl.get_recent_err_msg()
+    full = Rig.__new__(Rig)
+    full.acl, full.ptrs, full.bufs = acl, [], []
+    full.load(write_om(tmp_path, "dynamic_batch"))
+    zeros = np.zeros((4, 4), np.float32)
+    assert acl.rt.memcpy(full.out_ptrs[0], zeros.nbytes, zeros.ctypes.data, zeros.nbytes, H2D) == 0
+    full.put(0, X)
+    assert acl.mdl.set_dynamic_batch_size(full.model, full.ins, 2, 2) == 0
+    assert acl.mdl.execute(full.model, full.ins, full.outs) == 0
+    a = full.get(0, (4, 4))
+    np.testing.assert_array_equal(a[:2], 2 * X + 1)
+    assert np.isnan(a[2:]).all()  # what the caller wrote there is gone
+
+
+def test_output_names_without_the_tensor_name(tmp_path):
+    with install(output_tensor_names=False):
+        import acl
+
+        rig = Rig(acl, write_om(tmp_path, "static"))
+        assert [acl.mdl.get_output_name_by_index(rig.desc, i) for i in range(2)] == ["add:0", "sub:0"]
+
+
 def test_shape_range_rules(acl_emu, tmp_path):
     import acl
 

@@ -262,11 +262,66 @@ def test_attention_is_fused_by_default_and_plain_on_request(tiny_bundle, tiny_pl
             domains = {n.domain for n in onnx.load(str(Path(bundle) / f"{name}.onnx")).graph.node}
             assert ("com.microsoft" in domains) == (mode == "fused"), (name, domains)
         assert m["graphs"]["memory_encoder"]["attention"] == "plain"  # convolutions only
-    rows = run_checks(tiny_plain_bundle, graphs=["propagation_decoder", "interactive_decoder"], log=lambda *_: None)
+    # the plain export is in ATC's forms (graphs/onnx_rewrites.py): no unsupported Einsum, no shape-only If
+    ops = {name: {n.op_type for n in onnx.load(str(Path(tiny_plain_bundle) / f"{name}.onnx")).graph.node}
+           for name in ("backbone", "grounding_head")}
+    assert "If" not in ops["backbone"] and "Einsum" not in ops["grounding_head"] and "MatMul" in ops["grounding_head"]
+    assert "Einsum" in {n.op_type for n in onnx.load(str(Path(tiny_bundle) / "grounding_head.onnx")).graph.node}
+    # ... and graphs.check holds the rewritten graphs against the torch modules as any other
+    rows = run_checks(tiny_plain_bundle, graphs=["propagation_decoder", "interactive_decoder", "backbone",
+                                                 "grounding_head"], log=lambda *_: None)
     assert rows and all(r.ok for r in rows), [(r.case, r.output, r.rel) for r in rows if not r.ok]
+    assert {r.graph for r in rows} >= {"backbone", "grounding_head"}
     with pytest.raises(export.ExportError, match="--attention 'flash'"):
         export.export_bundle(None, Path(tiny_bundle).parent / "never", tiny_seed=0, attention="flash",
                              log=lambda *_: None)
+
+
+def test_the_atc_rewrites_keep_values_and_keep_ifs_that_depend_on_a_varying_axis():
+    """graphs/onnx_rewrites.py on small graphs: Einsum bqc,bchw->bqhw as MatMul gives einsum's values at
+    two sizes; an If on a fixed dim is folded to its branch, one on a symbolic (varying) dim is kept."""
+    import numpy as np
+    import onnx
+    import onnxruntime as ort
+    from onnx import TensorProto, helper
+
+    from graphs.onnx_rewrites import einsum_as_matmul, fold_shape_only_ifs
+
+    f = TensorProto.FLOAT
+    einsum = helper.make_model(helper.make_graph(
+        [helper.make_node("Einsum", ["q", "m"], ["y"], equation="bqc,bchw->bqhw")], "e",
+        [helper.make_tensor_value_info("q", f, ["b", "q", 4]), helper.make_tensor_value_info("m", f, ["b", 4, 5, 6])],
+        [helper.make_tensor_value_info("y", f, None)]), opset_imports=[helper.make_opsetid("", 17)])
+    assert einsum_as_matmul(einsum) == 1 and "Einsum" not in {n.op_type for n in einsum.graph.node}
+    session = ort.InferenceSession(einsum.SerializeToString(), providers=["CPUExecutionProvider"])
+    rng = np.random.default_rng(0)
+    for b, q in ((1, 3), (2, 7)):
+        qv, mv = rng.standard_normal((b, q, 4)).astype(np.float32), rng.standard_normal((b, 4, 5, 6)).astype(np.float32)
+        np.testing.assert_allclose(session.run(None, {"q": qv, "m": mv})[0], np.einsum("bqc,bchw->bqhw", qv, mv),
+                                   rtol=1e-5, atol=1e-5)
+
+    def branch(value):
+        return helper.make_graph([helper.make_node("Constant", [], ["r"], value=helper.make_tensor(
+            "v", f, [1], [value]))], "b", [], [helper.make_tensor_value_info("r", f, [1])])
+
+    def guarded(dim: int):
+        nodes = [helper.make_node("Shape", ["x"], ["s"]),
+                 helper.make_node("Gather", ["s", "k"], ["d"], axis=0),
+                 helper.make_node("Greater", ["d", "three"], ["c"]),
+                 helper.make_node("If", ["c"], ["y"], then_branch=branch(1.0), else_branch=branch(2.0))]
+        inits = [helper.make_tensor("k", TensorProto.INT64, [], [dim]), helper.make_tensor("three", TensorProto.INT64, [], [3])]
+        return helper.make_model(helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", f, ["n", 8])],
+                                                   [helper.make_tensor_value_info("y", f, [1])], inits),
+                                 opset_imports=[helper.make_opsetid("", 17)])
+
+    fixed = guarded(1)  # x.shape[1] = 8 > 3 at every size: the then branch
+    assert fold_shape_only_ifs(fixed) == 1 and "If" not in {n.op_type for n in fixed.graph.node}
+    onnx.checker.check_model(fixed)
+    out = ort.InferenceSession(fixed.SerializeToString(), providers=["CPUExecutionProvider"]).run(
+        None, {"x": np.zeros((5, 8), np.float32)})[0]
+    assert out.tolist() == [1.0]
+    varying = guarded(0)  # x.shape[0] is the symbolic n: the branch depends on the size a call runs at
+    assert fold_shape_only_ifs(varying) == 0 and "If" in {n.op_type for n in varying.graph.node}
 
 
 def test_the_bf16_criterion_allows_one_rounding_step_or_fp32_noise_and_nothing_more():

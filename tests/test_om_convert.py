@@ -1,7 +1,7 @@
 """om.convert and the fake atc: plans ATC accepts, plans it refuses, the ONNX pre-pass, the OM bundle layout.
 
 Two conversions of the session's tiny bundle: one with the fake atc on PATH covering all four modes
-(static backbone, dynamic-batch text encoder, dynamic-dims propagation decoder, shape-range memory
+(static backbone, dynamic-batch text encoder, dynamic-dims interactive decoder, shape-range memory
 encoder), one with no atc (planned, not compiled). Everything else works on plans or small ONNX models.
 """
 
@@ -31,7 +31,7 @@ from sam3track.testing.fake_atc import install_fake_atc, read_fake_om
 from .export_cache import cached_conversion
 
 ARCH = platform.machine()
-GEARS = {"memories": (4, 10)}  # with objects' 5 gears: propagation_decoder becomes dynamic_dims, 10 profiles
+GEARS = {"points": (1, 2, 3, 5)}  # interactive_decoder: dynamic dims over 4 point counts
 
 
 @pytest.fixture(scope="module")
@@ -59,7 +59,7 @@ def test_every_graph_compiles_with_the_fake_atc(converted):
     assert om["family"] == "sam3"
     modes = {g: e["mode"] for g, e in om["graphs"].items()}
     assert modes == {"text_encoder": "dynamic_batch", "backbone": "static", "grounding_head": "dynamic_batch",
-                     "propagation_decoder": "dynamic_dims", "interactive_decoder": "dynamic_dims",
+                     "propagation_decoder": "dynamic_batch", "interactive_decoder": "dynamic_dims",
                      "memory_encoder": "shape_range", "mask_init": "dynamic_batch"}
     for name, g in om["graphs"].items():
         expected = f"om/{name}_linux_{ARCH}.om" if g["mode"] == "shape_range" else f"om/{name}.om"
@@ -124,32 +124,29 @@ def test_plans_recorded_in_the_om_manifest(converted, tiny_plain_bundle):
     manifest = json.loads((tiny_plain_bundle / "manifest.json").read_text())
     caps = default_capacities(manifest)
     dec = om["graphs"]["propagation_decoder"]
-    assert dec["axes"] == {"memory_rows": [caps["memory_rows"]], "objects": [1, 2, 4, 8, 16], "memories": [4, 10],
-                           "pointer_rows": [caps["pointer_rows"]], "pointers": [caps["pointers"]]}
-    assert len(dec["profiles"]) == 10  # 5 object gears x 2 memory gears
-    # 3 inputs with (objects, memories) and 3 with (objects, pointers): 9 -1s, objects repeated in each
-    assert all(len(p) == 9 for p in dec["profiles"])
-    assert [2, 4, 4, 2, 4, 4, 2, 4, 4, 2, 2, 2] != dec["profiles"][0]  # sanity: not a flat list
-    assert [2, 4, 2, 4, 2, 4, 2, 2, 2] in dec["profiles"]
+    assert dec["axes"] == {"memory_rows": [caps["memory_rows"]], "objects": [1, 2, 4, 8, 16],
+                           "memories": [caps["memories"]], "pointer_rows": [caps["pointer_rows"]],
+                           "pointers": [caps["pointers"]]}
+    assert dec["profiles"] == [[1], [2], [4], [8], [16]] and "--dynamic_batch_size=1,2,4,8,16" in dec["atc_command"]
     pool = next(i for i in dec["inputs"] if i["name"] == "memory_pool")
     assert pool["shape"][0] == caps["memory_rows"] and pool["axes"][0] == "memory_rows"
     masks = next(o for o in dec["outputs"] if o["name"] == "low_res_masks")
     assert masks["shape"][0] == 16 and masks["axes"][0] == "objects"
-    # clicks: objects (its own small gears) and points vary together; the pool axes stay at the
-    # capacities, the largest memories gear, even where propagation_decoder varies memories
+    # clicks: one object per call and the points vary (at dim 1: dynamic dims, one value for points in
+    # point_coords and one in point_labels); the pool axes stay at the capacities
     inter = om["graphs"]["interactive_decoder"]
-    assert inter["axes"] == {"memory_rows": [caps["memory_rows"]], "objects": [1, 2, 4], "memories": [10],
+    assert inter["axes"] == {"memory_rows": [caps["memory_rows"]], "objects": [1], "memories": [caps["memories"]],
                              "pointer_rows": [caps["pointer_rows"]], "pointers": [caps["pointers"]],
-                             "points": [1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 16]}
-    assert len(inter["profiles"]) == 3 * 11
-    # objects in 10 inputs (6 memory / pointer tables, use_memory, points, labels, multimask), points in 2
-    assert [4] * 7 + [4, 12, 4, 12, 4] in inter["profiles"]
+                             "points": [1, 2, 3, 5]}
+    assert inter["profiles"] == [[1, 1], [2, 2], [3, 3], [5, 5]]
     enc = om["graphs"]["memory_encoder"]
     assert enc["ranges"]["mask_logits"][0] == [1, 16] and enc["profiles"] is None
     assert enc["ranges"]["via_image"] == [[1, 16]]
     assert "1~16" in next(a for a in enc["atc_command"] if a.startswith("--input_shape="))
     assert om["graphs"]["backbone"]["profiles"] is None and om["graphs"]["backbone"]["axes"] == {"images": [1]}
-    assert om["graphs"]["grounding_head"]["risky_ops"] == {"Einsum": 1}
+    # the plain export rewrote the mask product's Einsum and folded the backbone's shape-only Ifs
+    assert om["graphs"]["grounding_head"]["risky_ops"] == {} and om["graphs"]["backbone"]["risky_ops"] == {}
+    assert om["graphs"]["interactive_decoder"]["risky_ops"] == {"ScatterND": 4}
     assert om["source_bundle"]["manifest_sha256"] and dec["source"]["file"] == "propagation_decoder.onnx"
 
 
@@ -164,7 +161,8 @@ def test_the_om_bundle_is_a_bundle_of_atc_ready_graphs(converted):
             for v in list(model.graph.input) + list(model.graph.output)}
     caps = om["graphs"]["propagation_decoder"]["axes"]
     assert dims["memory_pool"][0] == caps["memory_rows"][0]
-    assert dims["memory_index"] == ["objects", "memories"] and dims["pointer_index"] == ["objects", caps["pointers"][0]]
+    assert dims["memory_index"] == ["objects", caps["memories"][0]]  # a fixed axis reaches ATC as a number
+    assert dims["pointer_index"] == ["objects", caps["pointers"][0]]
     assert dims["low_res_masks"] == ["objects", 1, 32, 32]  # the exporter's spurious dim_params are gone
 
 
@@ -205,6 +203,10 @@ def test_cli_refuses_unknown_axes_and_bad_gears(tiny_plain_bundle, tmp_path, cap
     err = capsys.readouterr().err
     assert "propagation_decoder: 120 --dynamic_dims profiles" in err and "accepts 2 to 100" in err
     assert not out.exists() and not (tmp_path / "x.partial").exists()
+    for soc in ("Ascend", "Ascend910B9", "ascend910b2"):  # a real chip name, not any Ascend* string
+        assert convert_main([str(tiny_plain_bundle), "--soc", soc, "--out", str(tmp_path / "y")]) == 2
+        assert f"--soc {soc!r} is not a SoC ATC knows" in capsys.readouterr().err
+    assert not (tmp_path / "y").exists()
 
 
 # ------------------------------------------------------------------------------------------- plans
@@ -258,19 +260,19 @@ def test_two_dynamic_options_are_refused():
         plan.validate()
 
 
-def test_120_profiles_are_refused(tiny_plain_bundle):
+def test_plans_atc_would_refuse_for_their_gears_are_refused(tiny_plain_bundle):
     manifest = json.loads((tiny_plain_bundle / "manifest.json").read_text())
-    gears = {"objects": (1, 2, 4, 8, 16), "memories": (1, 2, 4, 8), "pointers": (1, 2, 4, 8, 16, 32)}
-    with pytest.raises(PlanError, match=r"propagation_decoder: 120 --dynamic_dims profiles \(objects 5 x "
-                                        r"memories 4 x pointers 6\); ATC accepts 2 to 100"):
-        make_plans(manifest, gears)
-    del gears["pointers"]  # 20 profiles are fine
-    plans = make_plans(manifest, gears)
-    assert len(plans["propagation_decoder"].dynamic_dims) == 20
-    # objects named on the command line apply to interactive_decoder too: 5 x 11 points; memories stay fixed
-    assert len(plans["interactive_decoder"].dynamic_dims) == 55 and plans["interactive_decoder"].axes["memories"] == (8,)
-    with pytest.raises(PlanError, match=r"interactive_decoder: 110 --dynamic_dims profiles \(objects 10 x points 11\)"):
-        make_plans(manifest, {"objects": tuple(range(1, 11))})
+    with pytest.raises(PlanError, match=r"interactive_decoder: 101 --dynamic_dims profiles \(points 101\); ATC "
+                                        r"accepts 2 to 100"):
+        make_plans(manifest, {"points": tuple(range(1, 102))})
+    # varying a pool axis of the decoder puts 9 -1s in each profile: ATC takes 4 [atc_rules D-dims4]
+    with pytest.raises(PlanError, match=r"propagation_decoder: --dynamic_dims would need 9 values per profile "
+                                        r"\(memory_index\[0\], memory_index\[1\], .*ATC takes at most 4"):
+        make_plans(manifest, {"memories": (4, 10)})
+    # objects named on the command line leave interactive_decoder at one object per call
+    plans = make_plans(manifest, {"objects": (1, 2, 4, 8, 16, 32)})
+    assert plans["interactive_decoder"].axes["objects"] == (1,) and len(plans["interactive_decoder"].dynamic_dims) == 11
+    assert plans["propagation_decoder"].batch_sizes == (1, 2, 4, 8, 16, 32)
 
 
 def test_a_profile_missing_an_input_value_is_refused():
@@ -286,9 +288,22 @@ def test_a_profile_missing_an_input_value_is_refused():
 def test_other_plans_atc_refuses():
     with pytest.raises(PlanError, match=r"1 --dynamic_dims profiles .*ATC accepts 2 to 100"):
         _two_input_plan(dynamic_dims=((1, 1, 8),)).validate()
+    with pytest.raises(PlanError, match=r"lists a profile twice"):  # E10039
+        _two_input_plan(dynamic_dims=((1, 1, 8), (1, 1, 8))).validate()
+    rank5 = GraphPlan("g", (TensorPlan("v", "float32", (1, "k", 2, 2, 2)),), (TensorPlan("c", "float32", (1,)),),
+                      {"k": (1, 2)}, dynamic_dims=((1,), (2,)))
+    with pytest.raises(PlanError, match=r"input v has rank 5 and a dynamic dim; --dynamic_dims takes inputs of "
+                                        r"rank <= 4"):
+        rank5.validate()
+    tied = plan_graph("g", {"inputs": [{"name": "a", "dtype": "float32", "shape": ["n", 3]},
+                                       {"name": "b", "dtype": "float32", "shape": ["k", 3]}],
+                            "outputs": [{"name": "c", "dtype": "float32", "shape": ["n", 3]}]},
+                      {"n": (1, 2, 4), "k": (1, 2, 4)}, allowed=lambda s: s["n"] == s["k"])
+    assert tied.mode == "dynamic_batch" and tied.batch_sizes == (1, 2, 4)  # axes the rule ties: one batch gear
+    assert tied.gear_sizes() == [{"n": 1, "k": 1}, {"n": 2, "k": 2}, {"n": 4, "k": 4}]
     with pytest.raises(PlanError, match=r"a dim 0 \(n\) varies .* no dynamic option gives the -1 a value"):
         _two_input_plan().validate()
-    with pytest.raises(PlanError, match="axes \\['n', 'k'\\] vary"):
+    with pytest.raises(PlanError, match="axes \\['n', 'k'\\] vary apart"):
         _two_input_plan(batch_sizes=(1, 2, 4)).validate()
     bad = _two_input_plan(batch_sizes=(1, 2, 4))
     bad.axes = {"n": (1, 2, 4), "k": (0,)}
@@ -377,13 +392,19 @@ GOOD_BATCH = ("--input_shape=a:-1,3;b:-1,3;d:-1,5", "--dynamic_batch_size=1,2,4"
     (("--input_shape=a:2,3;b:2,3",), (), "inputs ['d'] are not listed"),
     (("--input_shape=a:2,3;b:2,3;d:2",), (), "rank 1 but the model's input has rank 2"),
     (("--input_shape=a:2,4;b:2,3;d:2,5",), (), "dim 1 is 4 but the model fixes it at 3"),
-    (GOOD_BATCH + ("--dynamic_dims=1,1,1;2,2,2",), (), "are mutually exclusive"),
+    (GOOD_BATCH + ("--dynamic_dims=1,1,1;2,2,2",), (), "E10009: parameters"),
     (("--input_shape=a:-1,3;b:-1,3;d:2,-1", "--dynamic_batch_size=1,2,4"), (), "only dim 0 may be -1"),
-    (("--input_shape=a:-1,3;b:-1,3;d:-1,5", "--dynamic_batch_size=4"), (), "1 gears; give 2 to 100"),
+    (("--input_shape=a:-1,3;b:-1,3;d:-1,5", "--dynamic_batch_size=4"), (), "E10035: [--dynamic_batch_size] has 1"),
     (("--input_shape=a:-1,3;b:-1,3;d:-1,5", "--dynamic_batch_size=" + ",".join(map(str, range(1, 102)))), (),
-     "101 gears; give 2 to 100"),
-    (("--input_shape=a:-1,3;b:-1,3;d:-1,-1", "--dynamic_dims=1,8;2,16"), (), "2 values for 4 -1 dims"),
-    (("--input_shape=a:-1,3;b:-1,3;d:-1,-1", "--dynamic_dims=1,1,1,8"), (), "1 profiles; give 2 to 100"),
+     "101 gears; at most 100"),
+    (("--input_shape=a:-1,3;b:-1,3;d:-1,5", "--dynamic_batch_size=1,2,2"), (), "E10039: [--dynamic_batch_size]"),
+    (("--input_shape=a:-1,3;b:-1,3;d:-1,-1", "--dynamic_dims=1,8;2,16"), (), "E10003: Value [1,8]"),
+    (("--input_shape=a:-1,3;b:-1,3;d:-1,-1", "--dynamic_dims=1,1,1,8"), (), "E10035: [--dynamic_dims] has 1"),
+    (("--input_shape=a:-1,-1;b:-1,3;d:-1,-1", "--dynamic_dims=1,3,1,1,8;2,3,2,2,16"), (),
+     "5 dynamic dims per profile; at most 4"),
+    (GOOD_BATCH, ("soc_version",), "[--soc_version] is required"),
+    (GOOD_BATCH + ("--soc_version=AscendFoo",), ("soc_version",), "'AscendFoo' is not a SoC ATC knows"),
+    (GOOD_BATCH + ("--soc_version=Ascend910b2",), ("soc_version",), "did you mean Ascend910B2"),
     (("--input_format=NCHW", "--input_shape=a:-1,3;b:-1,3;d:-1,-1", "--dynamic_dims=1,1,1,8;2,2,2,8"),
      ("input_format",), "--dynamic_dims requires --input_format=ND"),
     (GOOD_BATCH, ("input_format",), "requires --input_format"),
@@ -432,6 +453,78 @@ def test_fake_atc_accepts_each_mode(small_model, tmp_path, capsys, extra, mode, 
     assert header["mode"] == mode and [o["dims"] for o in header["outputs"]] == outputs
     assert [o["name"] for o in header["outputs"]] == ["add:0:c", "sum:0:e"]
     assert header["hidden_input"] == ("ascend_mbatch_shape_data" if mode.startswith("dynamic") else None)
+
+
+def _one_node(tmp_path, node, inputs, outputs, inits=(), opset=17) -> Path:
+    graph = helper.make_graph([node], "one", inputs, outputs, initializer=list(inits))
+    path = tmp_path / "one.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)]), str(path))
+    return path
+
+
+def _static_atc(tmp_path, path, capsys) -> tuple[int, str]:
+    model = onnx.load(str(path))
+    shape = ";".join(f"{i.name}:" + ",".join(str(d.dim_value) for d in i.type.tensor_type.shape.dim)
+                     for i in model.graph.input)
+    return _run(_atc(tmp_path, path, f"--input_shape={shape}"), capsys)
+
+
+F = TensorProto.FLOAT
+
+
+@pytest.mark.parametrize("node, inputs, inits, message", [
+    (helper.make_node("Einsum", ["q", "m"], ["y"], name="e", equation="bqc,bchw->bqhw"),
+     [("q", [2, 3, 4]), ("m", [2, 4, 5, 6])], [], "EZ9999: Op [e, optype [Einsum]]: equation 'bqc,bchw->bqhw'"),
+    (helper.make_node("Gelu", ["x"], ["y"], name="g"), [("x", [2, 3])], [],
+     "E16002: Op [g, optype [Gelu]]: op type [ai.onnx::17::Gelu] has no ONNX parser"),
+    (helper.make_node("RoiAlign", ["x", "rois", "idx"], ["y"], name="r", mode="max",
+                      coordinate_transformation_mode="output_half_pixel"),
+     [("x", [1, 2, 8, 8]), ("rois", [3, 4])], [helper.make_tensor("idx", TensorProto.INT64, [3], [0, 0, 0])],
+     "mode='max': the plugin drops `mode`"),
+    (helper.make_node("ScatterND", ["x", "i", "u"], ["y"], name="s", reduction="mul"),
+     [("x", [4, 3]), ("u", [1, 3])], [helper.make_tensor("i", TensorProto.INT64, [1, 1], [2])],
+     "reduction='mul': reduction='mul' is not supported"),
+    (helper.make_node("Resize", ["x", "", "", "sizes"], ["y"], name="z", mode="cubic"),
+     [("x", [1, 2, 4, 4])], [helper.make_tensor("sizes", TensorProto.INT64, [4], [1, 2, 8, 8])],
+     "mode='cubic': only nearest and linear"),
+    (helper.make_node("Resize", ["x", "", "", "sizes"], ["y"], name="z", mode="linear"),
+     [("x", [1, 2, 4, 4]), ("sizes", [4])], [], "input 3 (sizes) depends on input data"),
+])
+def test_fake_atc_refuses_ops_outside_the_operator_table(tmp_path, capsys, node, inputs, inits, message):
+    """om/onnx_ops.py: what ATC's ONNX parser registers per opset and the limits its kernels take."""
+    vi = [helper.make_tensor_value_info(n, TensorProto.INT64 if n == "sizes" else F, d) for n, d in inputs]
+    path = _one_node(tmp_path, node, vi, [helper.make_tensor_value_info("y", F, None)], inits)
+    rc, out = _static_atc(tmp_path, path, capsys)
+    assert rc != 0 and message in out and "ATC run failed" in out, out
+
+
+def test_fake_atc_takes_the_ops_and_forms_the_table_allows(tmp_path, capsys):
+    ok = helper.make_node("Einsum", ["a", "b"], ["y"], name="e", equation="xyz,zuv->xyuv")  # abc,cde->abde
+    path = _one_node(tmp_path, ok, [helper.make_tensor_value_info("a", F, [2, 3, 4]),
+                                    helper.make_tensor_value_info("b", F, [4, 5, 6])],
+                     [helper.make_tensor_value_info("y", F, None)])
+    assert _static_atc(tmp_path, path, capsys)[0] == 0
+    # Resize sizes computed from the input's shape: constant once --input_shape fixes it
+    graph = helper.make_graph(
+        [helper.make_node("Shape", ["x"], ["s"]), helper.make_node("Mul", ["s", "two"], ["sizes"]),
+         helper.make_node("Resize", ["x", "", "", "sizes"], ["y"], mode="linear")],
+        "r", [helper.make_tensor_value_info("x", F, [1, 2, 4, 4])], [helper.make_tensor_value_info("y", F, None)],
+        initializer=[helper.make_tensor("two", TensorProto.INT64, [4], [1, 1, 2, 2])])
+    path = tmp_path / "resize.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    assert _static_atc(tmp_path, path, capsys)[0] == 0
+
+
+def test_the_prepass_refuses_what_atc_would_refuse_naming_every_node(tmp_path):
+    from om.prepass import check_ops
+
+    model = onnx.load(str(_one_node(
+        tmp_path, helper.make_node("Einsum", ["q", "m"], ["y"], name="mask_product", equation="bqc,bchw->bqhw"),
+        [helper.make_tensor_value_info("q", F, [2, 3, 4]), helper.make_tensor_value_info("m", F, [2, 4, 5, 6])],
+        [helper.make_tensor_value_info("y", F, None)])))
+    with pytest.raises(PrepassError, match=r"graph g: 1 node\(s\) ATC would refuse .*\n  mask_product \(Einsum\): "
+                                           r"EZ9999 equation 'bqc,bchw->bqhw'"):
+        check_ops(model, "g")
 
 
 def test_run_atc_finds_the_linux_arch_name_by_glob(small_model, tmp_path, fake_bin):

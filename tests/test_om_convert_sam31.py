@@ -27,7 +27,7 @@ import pytest
 from graphs.comparison import FP32_TOL, relative_error, within_one_bf16_step
 from om import sam31
 from om.convert import convert_bundle, main as convert_main, make_plans
-from om.errors import ConversionError
+from om.errors import ConversionError, PlanError
 from om.prepass import sample_inputs
 from sam3track.backends import create_backend
 from sam3track.bundle import Bundle
@@ -70,7 +70,7 @@ def test_every_graph_compiles_with_its_mode_and_the_family_is_recorded(bundles):
     assert om["compiled"] and om["family"] == "sam3.1" and _manifest(out)["family"] == "sam3.1"
     modes = {g: e["mode"] for g, e in om["graphs"].items()}
     assert modes == {"text_encoder": "dynamic_batch", "backbone": "dynamic_batch", "interactive_neck": "dynamic_batch",
-                     "grounding_head": "dynamic_dims", "box_grounding_head": "dynamic_dims",
+                     "grounding_head": "dynamic_batch", "box_grounding_head": "dynamic_dims",
                      "propagation_decoder": "dynamic_batch",
                      "memory_encoder": "dynamic_dims", "interactive_decoder": "dynamic_dims",
                      "mask_init": "dynamic_batch"}
@@ -100,14 +100,13 @@ def test_the_tracker_graphs_gear_over_buckets_with_the_pools_at_capacity(bundles
     assert f"memory_pool:9,{GRID ** 2},256" in shape and "memory_index:-1,4" in shape and "pointer_valid:-1,6" in shape
     assert "padded with memory_valid / pointer_valid 0" in dec["notes"][0]
 
-    enc = om["graphs"]["memory_encoder"]
-    assert enc["axes"] == {"buckets": [1, 2, 4], "mask_side": [14 * GRID, 16 * GRID]}
-    # one value per -1: mask_logits' buckets and two mask sides, then buckets for three more inputs
-    assert enc["profiles"] == [[b, s, s, b, b, b] for b in (1, 2, 4) for s in (14 * GRID, 16 * GRID)]
+    enc = om["graphs"]["memory_encoder"]  # one bucket per call: buckets x sides would need 6 values per profile
+    assert enc["axes"] == {"buckets": [1], "mask_side": [14 * GRID, 16 * GRID]}
+    assert enc["profiles"] == [[s, s] for s in (14 * GRID, 16 * GRID)]  # mask_logits' two sides
     assert om["graphs"]["mask_init"]["axes"] == {"objects": [1, 2, 4, 8, 16]}
-    inter = om["graphs"]["interactive_decoder"]
-    assert inter["axes"] == {"objects": [1, 2, 4], "points": [1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 16]}
-    assert len(inter["profiles"]) == 33
+    inter = om["graphs"]["interactive_decoder"]  # one object per call, the points in coords and labels
+    assert inter["axes"] == {"objects": [1], "points": [1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 16]}
+    assert inter["profiles"] == [[p, p] for p in (1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 16)]
 
 
 def test_detector_graphs_gear_over_images_and_prompts(bundles):
@@ -115,28 +114,29 @@ def test_detector_graphs_gear_over_images_and_prompts(bundles):
     assert om["graphs"]["text_encoder"]["profiles"] == [[1], [2], [4], [8]]
     assert om["graphs"]["backbone"]["profiles"] == om["graphs"]["interactive_neck"]["profiles"] == [[1], [2]]
     head = om["graphs"]["grounding_head"]
-    # prompts 1 (one prompt for every image) or prompts = images: never 2 prompts for 1 image
+    # rows are image-prompt pairs, prompts = images: one batch gear for both (5 -1s would not fit a
+    # --dynamic_dims profile)
     assert head["axes"] == {"images": [1, 2], "prompts": [1, 2]}
-    assert head["profiles"] == [[1, 1, 1, 1, 1], [2, 2, 2, 1, 1], [2, 2, 2, 2, 2]]
+    assert head["profiles"] == [[1], [2]] and "--dynamic_batch_size=1,2" in head["atc_command"]
     assert head["checked_at"] == {"images": 2, "prompts": 2} and "image-prompt pairs" in head["notes"][0]
-    boxes = om["graphs"]["box_grounding_head"]  # --gears images=1,2; one prompt; boxes at BOX_GEARS
-    assert boxes["axes"] == {"images": [1, 2], "prompts": [1], "boxes": list(sam31.BOX_GEARS)}
-    assert len(boxes["profiles"]) == 2 * len(sam31.BOX_GEARS) and "box_valid 0" in boxes["notes"][0]
+    boxes = om["graphs"]["box_grounding_head"]  # one image and one prompt whatever --gears says; boxes vary
+    assert boxes["axes"] == {"images": [1], "prompts": [1], "boxes": list(sam31.BOX_GEARS)}
+    assert len(boxes["profiles"]) == len(sam31.BOX_GEARS) and "box_valid 0" in boxes["notes"][0]
 
     # the default plan: one image per backbone call, the grounding head's rows at the prompt gears
     plans = make_plans(_manifest(plain))
     assert plans["backbone"].mode == plans["interactive_neck"].mode == "static"
     assert plans["grounding_head"].axes == {"images": (1, 2, 4, 8), "prompts": (1, 2, 4, 8)}
-    assert plans["grounding_head"].dynamic_dims == tuple((i, i, i, p, p) for i in (1, 2, 4, 8) for p in sorted({1, i}))
+    assert plans["grounding_head"].batch_sizes == (1, 2, 4, 8)
     assert plans["propagation_decoder"].mode == "dynamic_batch"
     assert plans["box_grounding_head"].axes == {"images": (1,), "prompts": (1,), "boxes": sam31.BOX_GEARS}
     assert plans["box_grounding_head"].mode == "dynamic_dims"
     # one image per call: one prompt per call (2 prompts for 1 image is no shape the graph runs)
     one = make_plans(_manifest(plain), {"images": (1,)})["grounding_head"]
     assert one.mode == "static" and one.axes == {"images": (1,), "prompts": (1,)}
-    # varying memories too makes the decoder dynamic dims over buckets x memories
-    varied = make_plans(_manifest(plain), {"memories": (4, 10)})["propagation_decoder"]
-    assert varied.mode == "dynamic_dims" and len(varied.dynamic_dims) == 6
+    # varying memories too would need 12 values per --dynamic_dims profile: refused
+    with pytest.raises(PlanError, match=r"propagation_decoder: --dynamic_dims would need 12 values per profile"):
+        make_plans(_manifest(plain), {"memories": (4, 10)})
 
 
 def test_a_fused_bundle_is_refused_naming_the_graphs_and_the_flag(sam31_bundle, tmp_path, capsys):
@@ -163,17 +163,16 @@ CASES = [
     ("interactive_neck", {"images": 1}),
     ("interactive_neck", {"images": 2}),
     ("grounding_head", {"images": 1, "prompts": 1}),
-    ("grounding_head", {"images": 2, "prompts": 1}),
     ("grounding_head", {"images": 2, "prompts": 2}),
     ("box_grounding_head", {"images": 1, "prompts": 1, "boxes": 2}),
-    ("box_grounding_head", {"images": 2, "prompts": 1, "boxes": 3}),  # padded to 4 boxes
+    ("box_grounding_head", {"images": 1, "prompts": 1, "boxes": 3}),  # padded to 4 boxes
     ("propagation_decoder", {"buckets": 1, **CAPACITIES}),  # every compiled size used
     ("propagation_decoder", {"buckets": 3, "memories": 3, "pointers": 5, "memory_rows": 7, "image_rows": 4,
                              "pointer_rows": 6}),  # buckets 3 -> 4; entries and pools padded to capacity
     ("memory_encoder", {"buckets": 1, "mask_side": 16 * GRID}),
-    ("memory_encoder", {"buckets": 3, "mask_side": 14 * GRID}),  # padded to 4
+    ("memory_encoder", {"buckets": 1, "mask_side": 14 * GRID}),  # one bucket per call (the runtime chunks)
     ("interactive_decoder", {"objects": 1, "points": 2}),
-    ("interactive_decoder", {"objects": 3, "points": 5}),  # padded to 4 objects
+    ("interactive_decoder", {"objects": 1, "points": 5}),  # one object per call
     ("mask_init", {"objects": 1}),
     ("mask_init", {"objects": 5}),  # padded to 8
 ]

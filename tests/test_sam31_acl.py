@@ -20,7 +20,7 @@ import sam3track
 from graphs.sam31 import reference as ref
 from sam3track.testing.acl_emulator import install
 
-from .conftest import CLIPS, mask_iou
+from .conftest import AVX512, CLIPS, CPU_ISA, mask_iou
 from .export_cache import cached_conversion
 from .reference_video import TIE  # a logit this close to 0 may threshold either way
 
@@ -145,6 +145,19 @@ def test_text_tracking_on_acl_matches_onnxruntime(runs):
     assert calls["propagation_decoder"] == FRAMES - 1
 
 
+# The OM plan runs the memory encoder one bucket per call (its --dynamic_dims profiles take at most 4
+# values: om/sam31.py FIXED); ONNX Runtime's unplanned run encodes both buckets of this scenario in one
+# call. The memories then differ by one bf16 step (measured: 0.0078 at most), and on frame 2 a near tie
+# between slot 8 of the two buckets flips: object 24 gets the 482-pixel mask object 8 has in the
+# unplanned run. ONNX Runtime forced to the OM bundle's compiled gears (gears="compiled") gives the acl
+# run's masks exactly, so the emulated acl path is right and the difference is the batching's rounding.
+# Measured on an AVX512-BF16 CPU; the AVX-512 classes have had equal outcomes (tests/conftest.py).
+BUCKET_CHUNK_ROUNDING = pytest.mark.xfail(
+    strict=CPU_ISA in AVX512, reason="one bucket per memory_encoder call rounds the memories differently from ONNX "
+    "Runtime's two-bucket call; a near tie on frame 2 flips (matches ONNX Runtime at the compiled gears)")
+
+
+@BUCKET_CHUNK_ROUNDING
 def test_a_box_prompt_on_acl_is_padded_to_a_box_gear_and_matches_onnxruntime(bundles, scenario):
     """Three boxes run at the compiled gear 4 (one padding box, box_valid 0) and detect what the three
     give on ONNX Runtime without padding."""
@@ -159,6 +172,21 @@ def test_a_box_prompt_on_acl_is_padded_to_a_box_gear_and_matches_onnxruntime(bun
         got, calls, _ = _track(om, text, options, frames, boxes=boxes, backend="acl", device="npu:0")
         assert emu.stats.live_allocations == 0 and not emu.stats.leaks
     assert _track.box_gear == 4 and calls["box_grounding_head"] == 1 and want[0].object_ids.size > 0
+    _assert_same(want, got, ties)
+
+
+def test_a_box_prompt_on_acl_matches_onnxruntime_at_the_compiled_gears(bundles, scenario):
+    """The same box prompt with ONNX Runtime running every call at the OM bundle's gears (gears="compiled"):
+    the acl run on the emulator gives its masks and scores (what the bucket chunking changes is rounding)."""
+    plain, om = bundles
+    text, options, frames = scenario
+    boxes = [[0.1 * frames.shape[2], 0.2 * frames.shape[1], 0.5 * frames.shape[2], 0.9 * frames.shape[1]],
+             [0.4 * frames.shape[2], 0.1 * frames.shape[1], 0.9 * frames.shape[2], 0.6 * frames.shape[1]],
+             [0, 0, 0.3 * frames.shape[2], 0.3 * frames.shape[1]]]
+    with recording_ties() as ties:
+        want, _, _ = _track(om, text, options, frames[:4], boxes=boxes, gears="compiled")
+    with install():
+        got, _, _ = _track(om, text, options, frames[:4], boxes=boxes, backend="acl", device="npu:0")
     _assert_same(want, got, ties)
 
 

@@ -61,6 +61,24 @@ def test_every_graph_matches_meta_and_batches(bundle, capsys):
         assert any(line.startswith(graph) and what in line for line in printed.splitlines()), case
 
 
+def test_the_plain_export_s_atc_rewrites_match_meta(sam31_plain_bundle, capsys):
+    """--attention plain rewrites the grounding heads' Einsum as MatMul and folds the backbone's shape-only
+    Ifs (graphs/onnx_rewrites.py): graphs.check holds the rewritten graphs against Meta's outputs."""
+    import onnx
+
+    from graphs.check import main
+
+    ops = {g: {n.op_type for n in onnx.load(str(sam31_plain_bundle / f"{g}.onnx"), load_external_data=False).graph.node}
+           for g in ("backbone", "grounding_head", "box_grounding_head")}
+    assert "If" not in ops["backbone"] and not {"Einsum"} & (ops["grounding_head"] | ops["box_grounding_head"])
+    rc = main([str(sam31_plain_bundle), "--graphs", "backbone", "grounding_head", "box_grounding_head"])
+    printed = capsys.readouterr().out
+    assert rc == 0 and "Meta reference: skipped" not in printed, printed
+    for case in ("backbone  Meta T=2", "grounding_head  Meta T=2 P=1", "box_grounding_head  Meta T2_K3"):
+        graph, what = case.split("  ")
+        assert any(line.startswith(graph) and what in line for line in printed.splitlines()), case
+
+
 def test_tracker_graphs_of_other_weights_are_checked_against_torch(bundle):
     """A real checkpoint has no Meta dumps: each tracker graph is then held against its torch wrapper at two
     sets of sizes (and batched). The check must catch a graph that computes something else."""

@@ -14,7 +14,7 @@ import numpy as np
 
 from ..errors import BackendError
 from .acl_models import AclGraph, _as_om_dtype, _Gear, _GearData, _gear_shape, _Io
-from .acl_runtime import ACL_SUCCESS, MEMCPY_HOST_TO_DEVICE, _Allocation, _error
+from .acl_runtime import ACL_SUCCESS, MEMCPY_DEVICE_TO_DEVICE, MEMCPY_HOST_TO_DEVICE, _Allocation, _error
 from .base import DeviceTensor
 
 
@@ -105,22 +105,26 @@ class DatasetIO:
         return _HostInput(host_ptr, host, device)
 
     def _output_place(self, graph: AclGraph, io: _Io, gear: _Gear, outputs) -> tuple[int, int]:
-        """(device address, bytes) an output is written to this run."""
+        """(device address, bytes) an output is written to this run: a buffer of the largest gear's
+        size (get_output_size_by_index). GE copies that many bytes into the caller's buffer whatever
+        the gear [hicann/ge davinci_model.cc CopyOutputDataLegacy: no size check on dynamic models,
+        memcpy of the output's full data size; mmdeploy allocates the largest too, MMD]. A tensor
+        the caller placed goes straight in only when it holds the largest gear; a smaller one (a pool
+        view sized for this gear) gets the graph's own buffer and a device copy afterwards
+        (_results)."""
         target = outputs.get(io.name)
-        if target is None:
-            buffer = graph.output_buffers.get(io.name)
-            if buffer is None:
-                buffer = graph.output_buffers[io.name] = self._malloc(
-                    io.nbytes, f"graph {graph.name} output {io.name}", graph_owned=True)
-            return buffer.ptr, io.nbytes
-        want = _gear_shape(io, gear)
-        if tuple(target.shape) != want or np.dtype(target.dtype) != io.dtype:
-            raise BackendError(f"graph {graph.name}: output {io.name} at this gear is {want} {io.dtype}, the tensor "
-                               f"given for it is {tuple(target.shape)} {np.dtype(target.dtype)}")
-        # [unconfirmed] the real runtime accepting an output buffer sized for the current gear, not
-        # the largest (mmdeploy always passes the largest [MMD]); if it refuses, place the result in
-        # the graph's own buffer and copy it device to device here.
-        return self._address(target), target.nbytes
+        if target is not None:
+            want = _gear_shape(io, gear)
+            if tuple(target.shape) != want or np.dtype(target.dtype) != io.dtype:
+                raise BackendError(f"graph {graph.name}: output {io.name} at this gear is {want} {io.dtype}, the "
+                                   f"tensor given for it is {tuple(target.shape)} {np.dtype(target.dtype)}")
+            if target.nbytes >= io.nbytes:
+                return self._address(target), target.nbytes
+        buffer = graph.output_buffers.get(io.name)
+        if buffer is None:
+            buffer = graph.output_buffers[io.name] = self._malloc(
+                io.nbytes, f"graph {graph.name} output {io.name}", graph_owned=True)
+        return buffer.ptr, io.nbytes
 
     def _set_gear(self, graph: AclGraph, gear: _Gear, data: _GearData) -> None:
         """Gear models need the gear set on the input dataset before every execute, at the hidden
@@ -136,25 +140,33 @@ class DatasetIO:
 
     def _results(self, graph: AclGraph, gear: _Gear, outputs) -> dict[str, DeviceTensor]:
         """Every output at the gear's shape, read with get_cur_output_dims (never the largest gear's
-        dims [C-1466, ascend.md 3.4.4])."""
+        dims [C-1466, ascend.md 3.4.4]): the dense prefix of its buffer. Tensors the caller placed
+        that were too small for the largest gear get that prefix by a device copy."""
         result = {}
         for io in graph.outputs:
             dims = self._value("acl.mdl.get_cur_output_dims", self._acl.mdl.get_cur_output_dims(graph.desc, io.index),
                                f"graph {graph.name}, output {io.name}")
             shape = tuple(int(d) for d in dims["dims"][:dims.get("dimCount", len(dims["dims"]))])
+            nbytes = int(np.prod(shape, dtype=np.int64)) * io.dtype.itemsize
             target = outputs.get(io.name)
-            if target is not None:
-                if shape != tuple(target.shape):
-                    raise BackendError(f"graph {graph.name}: output {io.name} came out {shape}, but "
-                                       f"{tuple(target.shape)} was expected at this gear; the OM model does not match "
-                                       "om_manifest.json: convert the bundle again")
-                result[io.name] = target
+            if target is not None and shape != tuple(target.shape):
+                raise BackendError(f"graph {graph.name}: output {io.name} came out {shape}, but "
+                                   f"{tuple(target.shape)} was expected at this gear; the OM model does not match "
+                                   "om_manifest.json: convert the bundle again")
+            if target is not None and target.nbytes >= io.nbytes:
+                result[io.name] = target  # written in place
                 continue
             buffer = graph.output_buffers[io.name]
-            if int(np.prod(shape, dtype=np.int64)) * io.dtype.itemsize > buffer.nbytes:
+            if nbytes > buffer.nbytes:
                 raise BackendError(f"graph {graph.name}: output {io.name} came out {shape}, larger than its largest "
                                    f"gear's {buffer.nbytes} bytes")
-            result[io.name] = DeviceTensor(shape, io.dtype, (buffer, 0))
+            if target is None:
+                result[io.name] = DeviceTensor(shape, io.dtype, (buffer, 0))
+                continue
+            if nbytes:
+                self._memcpy(self._address(target), target.nbytes, buffer.ptr, nbytes, MEMCPY_DEVICE_TO_DEVICE,
+                             f"graph {graph.name}, output {io.name} into the tensor placed for it")
+            result[io.name] = target
         return result
 
 

@@ -17,12 +17,18 @@ import struct
 import sys
 from pathlib import Path
 
+# The command-line rules as data, with their sources (om/atc_rules.py): SoC names, (1, 100] gears and
+# profiles [D-batch, D-dims], at most 4 values per --dynamic_dims profile and rank-4 inputs [D-dims4].
+from om.atc_rules import MAX_DIMS_INPUT_RANK, MAX_DIMS_PER_PROFILE, soc_problem
+from om.atc_rules import MAX_PROFILES as MAX_GEARS
+from om.atc_rules import MIN_PROFILES as MIN_GEARS
+from om.onnx_ops import problems
+
 MAGIC = b"SAM3TRACK-FAKE-OM\n"
 FAKE_OM_VERSION = 1
 HIDDEN_INPUT = "ascend_mbatch_shape_data"
 SUCCESS = "ATC run success, welcome to the next use"
 FAILURE = "ATC run failed, Please check the detail log, Try 'atc --help' for more information"
-MIN_GEARS, MAX_GEARS = 2, 100  # "(1,100]" for batch gears and dims profiles [D-batch, D-dims]
 PRECISION_MODE_V2 = ("fp16", "origin", "cube_fp16in_fp32out", "mixed_float16", "mixed_bfloat16")
 PRECISION_MODE = ("force_fp16", "force_fp32", "cube_fp16in_fp32out", "allow_fp32_to_fp16", "must_keep_origin_dtype",
                   "allow_mix_precision", "allow_mix_precision_fp16", "allow_mix_precision_bf16", "allow_fp32_to_bf16")
@@ -128,21 +134,16 @@ def _load_model(path: str):
         raise _invalid("model", path, f"not a readable ONNX model ({exc})") from exc
 
 
-def _check_parsers(model) -> None:
-    """ATC's ONNX parser only knows default-domain ops (ModelZoo-PyTorch issue #6)."""
-    def walk(graph):
-        for node in graph.node:
-            yield node
-            for attr in node.attribute:
-                if attr.g.node:
-                    yield from walk(attr.g)
-                for g in attr.graphs:
-                    yield from walk(g)
-
-    for node in walk(model.graph):
-        if node.domain not in ("", "ai.onnx"):
-            raise AtcFailure("E19010", f"No parser is registered for Op [{node.name}, optype [{node.domain}::"
-                                       f"{node.op_type}]].")
+def _check_ops(model) -> None:
+    """Every node must be one ATC's ONNX parser registers at the model's opset, with attributes its
+    kernels take (om/onnx_ops.py: the operator table with its sources); the first that is not fails
+    with the error code ATC gives (E19010 custom domain, E16002 no parser, EZ9999 kernel limits)."""
+    found = problems(model)
+    if found:
+        p = found[0]
+        more = f" ({len(found) - 1} more)" if len(found) > 1 else ""
+        message = p.message if p.code == "E19010" else f"Op [{p.node}, optype [{p.op}]]: {p.message}"
+        raise AtcFailure(p.code, message + more)
 
 
 def _graph_inputs(model) -> list:
@@ -161,7 +162,7 @@ def check(opts: dict[str, str]) -> dict:
     _check_options(opts)
     fmt = opts.get("input_format")
     model = _load_model(opts["model"])
-    _check_parsers(model)
+    _check_ops(model)
     inputs = _graph_inputs(model)
     names = [i.name for i in inputs]
     shapes = _input_shapes(opts, inputs, names)
@@ -205,9 +206,9 @@ def _check_options(opts: dict[str, str]) -> None:
     output = opts["output"]
     if output.endswith(".om"):
         raise _invalid("output", output, "give the path prefix without .om; ATC appends it")
-    soc = opts["soc_version"]
-    if not soc.startswith("Ascend"):  # values are 'Ascend' + npu-smi's Chip Name (ascend.md 1.1)
-        raise _invalid("soc_version", soc, "expected 'Ascend' + the Chip Name from npu-smi info, e.g. Ascend910B2")
+    why = soc_problem(opts["soc_version"])  # a real chip name, not any 'Ascend*' [D-soc, GE-soc]
+    if why:
+        raise _invalid("soc_version", opts["soc_version"], why)
     if "log" in opts and opts["log"] not in LOG_LEVELS:
         raise _invalid("log", opts["log"], f"choose from {'|'.join(LOG_LEVELS)}")
     if "precision_mode" in opts and "precision_mode_v2" in opts:
@@ -261,8 +262,8 @@ def _input_shapes(opts: dict[str, str], inputs: list, names: list[str]) -> dict[
 def _check_dynamic_options(opts: dict[str, str], fmt: str | None, ranged: bool) -> None:
     """At most one dynamic option, with --input_format, and no lo~hi range beside it."""
     dynamic = [o for o in DYNAMIC_OPTIONS if o in opts]
-    if len(dynamic) > 1:
-        raise AtcFailure("E10001", f"parameters {['--' + o for o in dynamic]} are mutually exclusive; give one")
+    if len(dynamic) > 1:  # E10009 [GE-opt]
+        raise AtcFailure("E10009", f"parameters {['--' + o for o in dynamic]} are mutually exclusive; give one")
     if dynamic and fmt is None:
         raise AtcFailure("E10004", f"--{dynamic[0]} requires --input_format")
     if dynamic and ranged:
@@ -278,9 +279,7 @@ def _batch_gears(opts: dict[str, str], header: dict, holes: list, largest: dict)
     if bad:
         raise _invalid("input_shape", opts["input_shape"], f"-1 at dim {bad[0][1]} of {bad[0][0]}; with "
                        "--dynamic_batch_size only dim 0 may be -1")
-    if not MIN_GEARS <= len(batches) <= MAX_GEARS:
-        raise _invalid("dynamic_batch_size", opts["dynamic_batch_size"],
-                       f"{len(batches)} gears; give {MIN_GEARS} to {MAX_GEARS}")
+    _check_gear_count("dynamic_batch_size", [(b,) for b in batches])
     header.update(mode="dynamic_batch", hidden_input=HIDDEN_INPUT, batch_sizes=batches)
     for n, k in holes:
         largest[n][k] = max(batches)
@@ -293,16 +292,34 @@ def _dims_gears(opts: dict[str, str], fmt: str | None, header: dict, holes: list
     if not holes:
         raise _invalid("dynamic_dims", opts["dynamic_dims"], "no input dim is -1 in --input_shape")
     profiles = [_positive_list("dynamic_dims", p) for p in opts["dynamic_dims"].split(";") if p != ""]
-    if not MIN_GEARS <= len(profiles) <= MAX_GEARS:
-        raise _invalid("dynamic_dims", opts["dynamic_dims"], f"{len(profiles)} profiles; give {MIN_GEARS} "
-                       f"to {MAX_GEARS}")
     for p in profiles:
-        if len(p) != len(holes):
-            raise _invalid("dynamic_dims", ",".join(map(str, p)), f"{len(p)} values for {len(holes)} -1 dims "
-                           "in --input_shape; each profile gives one value per -1, in input order")
+        if len(p) != len(holes):  # E10003 [GE-opt CheckAndParseDynamicDims]
+            raise AtcFailure("E10003", f"Value [{','.join(map(str, p))}] for parameter [--dynamic_dims] is invalid. "
+                             f"Reason: {len(p)} values for {len(holes)} -1 dims in --input_shape; each profile gives "
+                             "one value per -1, in input order")
+    _check_gear_count("dynamic_dims", [tuple(p) for p in profiles])
+    if len(holes) > MAX_DIMS_PER_PROFILE:
+        raise _invalid("dynamic_dims", opts["dynamic_dims"], f"{len(holes)} dynamic dims per profile; at most "
+                       f"{MAX_DIMS_PER_PROFILE} [D-dims4]")
+    ranks = {n: len(largest[n]) for n, _ in holes if len(largest[n]) > MAX_DIMS_INPUT_RANK}
+    if ranks:
+        name, rank = next(iter(ranks.items()))
+        raise _invalid("input_shape", name, f"rank {rank} with a -1 under --dynamic_dims; inputs of rank <= "
+                       f"{MAX_DIMS_INPUT_RANK} only [D-dims4]")
     header.update(mode="dynamic_dims", hidden_input=HIDDEN_INPUT, dynamic_dims=profiles)
     for j, (n, k) in enumerate(holes):
         largest[n][k] = max(p[j] for p in profiles)
+
+
+def _check_gear_count(option: str, gears: list[tuple]) -> None:
+    """(1, 100] gears [D-batch, D-dims], none twice [GE-mbo CheckDynamicParams: E10035, E10039]."""
+    if len(gears) < MIN_GEARS:
+        raise AtcFailure("E10035", f"[--{option}] has {len(gears)} gear(s); give at least {MIN_GEARS}")
+    if len(gears) > MAX_GEARS:
+        raise _invalid(option, ";".join(",".join(map(str, g)) for g in gears), f"{len(gears)} gears; at most "
+                       f"{MAX_GEARS}")
+    if len(set(gears)) != len(gears):
+        raise AtcFailure("E10039", f"[--{option}] lists the same gear twice")
 
 
 # ------------------------------------------------------------------------------------------- outputs

@@ -88,6 +88,7 @@ ACL_ERROR_UNSUPPORTED_DATA_TYPE = 100026
 ACL_ERROR_REPEAT_FINALIZE = 100037
 ACL_ERROR_INVALID_RESOURCE_HANDLE = 200005
 ACL_ERROR_RT_PARAM_INVALID = 107000
+ACL_ERROR_FAILURE = 500001  # [ERR]
 ACL_ERROR_RT_INVALID_DEVICEID = 107001
 ACL_ERROR_RT_CONTEXT_NULL = 107002
 ACL_ERROR_RT_STREAM_CONTEXT = 107003
@@ -107,3 +108,4 @@ ACL_ERROR_GE_DATATYPE_INVALID = 145022
 # [emulator-only] what reset_device/finalize/destroy_context return under strict_leaks when
 # resources are still alive (the real runtime frees them silently and returns 0).
 EMU_LEAK = ACL_ERROR_RT_INTERNAL_ERROR
+ACL_MAX_DIM_CNT = 128  # acl_base.h; aclmdlGetInputDynamicDims refuses more concatenated dims [hicann/ge]

@@ -33,6 +33,9 @@ class TensorDesc:
 class Dataset:
     buffers: list = field(default_factory=list)
     tensor_descs: dict = field(default_factory=dict)  # index -> tensor desc handle (set_dataset_tensor_desc)
+    # what set_dynamic_* recorded on this dataset (aclmdlDataset's dynamicBatchSize / dynamicDims, which
+    # execute hands to GE next to the hidden input's bytes) [hicann/ge api/acl/acl_model/model/model.cpp]
+    gear: tuple | None = None
 
 
 def api(qualname: str, kind: str, sig: str = "", fail=None, *, init: bool = True, ctx: bool = False):

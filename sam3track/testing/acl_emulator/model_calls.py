@@ -175,7 +175,10 @@ class ModelCalls:
     def get_output_name_by_index(self, h, i):
         om = self._desc(h)
         self._index(len(om.outputs), i, "output")
-        return om.outputs[i].name  # "<node>:<index>:<tensor>" [P-0205, MMD]
+        name = om.outputs[i].name  # "<node>:<index>:<tensor>" [P-0205, MMD]
+        if not self.rules.output_tensor_names:  # "<node>:<index>" only (ascend.md audit, risk 2)
+            name = ":".join(name.split(":")[:2])
+        return name
 
     @api("acl.mdl.get_input_index_by_name", "tuple", "is", -1)
     def get_input_index_by_name(self, h, name):
@@ -205,19 +208,33 @@ class ModelCalls:
         self._desc(h)
         return {"hwCount": 0, "hw": []}  # dynamic image size is not emulated (the fake atc never makes it)
 
+    @staticmethod
+    def _reserved_index(index: int, call: str) -> None:
+        # "reserved, fixed to -1" [P-0226]; anything else is refused [hicann/ge model_om2.cpp]
+        if index != -1:
+            raise AclError(C.ACL_ERROR_INVALID_PARAM, f"{call}: index must be -1, not {index}", "param")
+
     @api("acl.mdl.get_input_dynamic_gear_count", "tuple", "ii", -1)
     def get_input_dynamic_gear_count(self, h, index):
         om = self._desc(h)
-        return len(om.gears) if om.mode == "dynamic_dims" else 0  # batch models: 0 [unconfirmed]
+        self._reserved_index(index, "get_input_dynamic_gear_count")
+        # the desc's dynamic dims gears: 0 for static and batch models [hicann/ge model_om2.cpp]
+        return len(om.gears) if om.mode == "dynamic_dims" else 0
 
     @api("acl.mdl.get_input_dynamic_dims", "tuple", "iii", None)
     def get_input_dynamic_dims(self, h, index, count):
         om = self._desc(h)
+        self._reserved_index(index, "get_input_dynamic_dims")
         if om.mode != "dynamic_dims":
             raise AclError(C.ACL_ERROR_MODEL_NOT_DYNAMIC, "not a dynamic_dims model", "gear")
-        if count != len(om.gears):
-            raise AclError(C.ACL_ERROR_INVALID_PARAM, f"gear count {count} != {len(om.gears)}", "param")
-        return [{"name": "", "dimCount": len(om.flat_dims(g)), "dims": om.flat_dims(g)} for g in om.gears]  # [P-0226]
+        if count < len(om.gears):  # a larger count is accepted [hicann/ge model_om2.cpp]
+            raise AclError(C.ACL_ERROR_INVALID_PARAM, f"gear count {count} is less than the model's "
+                           f"{len(om.gears)}", "param")
+        flat = [om.flat_dims(g) for g in om.gears]
+        if len(flat[0]) > C.ACL_MAX_DIM_CNT:  # the inputs' dims, concatenated, fill one aclmdlIODims
+            raise AclError(C.ACL_ERROR_FAILURE, f"the inputs have {len(flat[0])} dims in all, more than "
+                           f"ACL_MAX_DIM_CNT {C.ACL_MAX_DIM_CNT}", "gear")
+        return [{"name": "", "dimCount": len(f), "dims": f} for f in flat]  # [P-0226]
 
     @api("acl.mdl.get_input_dims_range", "tuple", "ii", None)
     def get_input_dims_range(self, h, i):
@@ -247,10 +264,12 @@ class ModelCalls:
         self.mem.check_range(b.addr, om.hidden_size, f"{C.HIDDEN_INPUT} buffer")
         return b
 
-    def _select_gear(self, lm: LoadedModel, b: DataBuffer, gear: tuple) -> None:
-        # GE writes the gear (one uint64 per dynamic value) into the hidden input's device memory, so a
-        # gear stays selected for as long as that buffer keeps its bytes [unconfirmed; GE SetDynamicBatchSize]
+    def _select_gear(self, lm: LoadedModel, ds_h: int, b: DataBuffer, gear: tuple) -> None:
+        # acl records the gear on the dataset (dynamicBatchSize / dynamicDims) and GE writes it into the
+        # hidden input's device memory (one uint64 per dynamic value [unconfirmed layout]); execute
+        # hands both to the model [hicann/ge api/acl/acl_model/model/model.cpp]
         self.mem.write(b.addr, np.asarray(gear, dtype="<i8").view(np.uint8))
+        self._get("dataset", ds_h).gear = gear
         lm.current_gear = gear
 
     @api("acl.mdl.set_dynamic_batch_size", "ret", "iiii", ctx=True)
@@ -262,7 +281,7 @@ class ModelCalls:
         if (batch,) not in lm.om.gears:  # [ACLL 145013]
             raise AclError(C.ACL_ERROR_GE_DYNAMIC_BATCH_SIZE_INVALID, f"batch {batch} is not a compiled gear "
                            f"{[g[0] for g in lm.om.gears]}", "gear")
-        self._select_gear(lm, b, (batch,))
+        self._select_gear(lm, ds, b, (batch,))
 
     @api("acl.mdl.set_input_dynamic_dims", "ret", "iiid", ctx=True)
     def set_input_dynamic_dims(self, mid, ds, index, dims):
@@ -278,7 +297,7 @@ class ModelCalls:
         if gear is None:  # must equal one gear exactly [P-0226, MMD]
             raise AclError(C.ACL_ERROR_GE_DYNAMIC_BATCH_SIZE_INVALID, f"dims {flat} are not a compiled gear "
                            f"(gears: {[om.flat_dims(g) for g in om.gears]})", "gear")
-        self._select_gear(lm, b, gear)
+        self._select_gear(lm, ds, b, gear)
 
     @api("acl.mdl.set_dynamic_hw_size", "ret", "iiiii", ctx=True)
     def set_dynamic_hw_size(self, mid, ds, index, h, w):
@@ -319,13 +338,7 @@ class ModelCalls:
                            f"device is {soc}", "soc")
         gear = None
         if om.gear_mode:
-            b = self._get("buffer", ins.buffers[om.hidden_index])
-            self.mem.check_range(b.addr, om.hidden_size, f"{C.HIDDEN_INPUT} buffer")
-            gear = tuple(int(v) for v in self.mem.read(b.addr, om.hidden_size).view("<i8"))
-            if gear not in om.gears:  # set_dynamic_* must have selected a gear on this dataset [§3.4.1]
-                raise AclError(C.ACL_ERROR_GE_DYNAMIC_BATCH_SIZE_INVALID, f"no gear selected: {C.HIDDEN_INPUT} holds "
-                               f"{list(gear)}; call set_dynamic_batch_size / set_input_dynamic_dims on this input "
-                               "dataset before execute", "gear")
+            gear = self._dataset_gear(om, ins)
             shapes = om.shapes_at(gear)
         elif om.mode == "shape_range":
             shapes = []
@@ -356,15 +369,48 @@ class ModelCalls:
         results = om.run(arrays, gear)
         self.stats.executes[om.name] += 1
         for i, (s, r) in enumerate(zip(om.outputs, results)):
-            code = C.ACL_ERROR_RT_MODEL_EXECUTE if om.mode == "shape_range" else C.ACL_ERROR_MODEL_OUTPUT_NOT_MATCH
-            b = self._io_buffer(outs, i, r.nbytes, f"output {i} ({s.name})", code)
-            self.mem.write(b.addr, r)
+            self._write_output(om, outs, i, r)
             if om.mode == "shape_range":  # output shapes through get_dataset_tensor_desc [§3.5.3]
                 old = outs.tensor_descs.get(i)
                 if old in self._reg["tensor_desc"] and self._reg["tensor_desc"][old].owned:
                     self._kill("tensor_desc", old)
                 outs.tensor_descs[i] = self._handle("tensor_desc", TensorDesc(s.acl_dtype, list(r.shape),
                                                                               C.ACL_FORMAT_ND, owned=True))
+
+    def _dataset_gear(self, om: OmModel, ins: Dataset) -> tuple:
+        """The gear this execute runs: the one set on the input dataset, which the hidden input's
+        bytes must still hold (set_dynamic_* writes both) [§3.4.1, hicann/ge model.cpp]."""
+        b = self._get("buffer", ins.buffers[om.hidden_index])
+        self.mem.check_range(b.addr, om.hidden_size, f"{C.HIDDEN_INPUT} buffer")
+        held = tuple(int(v) for v in self.mem.read(b.addr, om.hidden_size).view("<i8"))
+        if ins.gear is None or held not in om.gears:
+            raise AclError(C.ACL_ERROR_GE_DYNAMIC_BATCH_SIZE_INVALID, f"no gear selected on this input dataset "
+                           f"({C.HIDDEN_INPUT} holds {list(held)}); call set_dynamic_batch_size / "
+                           "set_input_dynamic_dims on it before execute", "gear")
+        if held != ins.gear:
+            raise AclError(C.ACL_ERROR_GE_DYNAMIC_BATCH_SIZE_INVALID, f"the input dataset's gear {list(ins.gear)} "
+                           f"differs from the {list(held)} its {C.HIDDEN_INPUT} buffer holds (another dataset "
+                           "set its gear into the same buffer, or a copy overwrote it)", "gear")
+        return ins.gear
+
+    def _write_output(self, om: OmModel, outs: Dataset, i: int, r: np.ndarray) -> None:
+        """Output i into its buffer. Gear models: the buffer must hold the largest gear, since GE copies
+        the output's full (largest-gear) data size whatever the gear [hicann/ge davinci_model.cc
+        CopyOutputDataLegacy]; the bytes past this gear's result are the model's leftovers (poison)."""
+        s = om.outputs[i]
+        what = f"output {i} ({s.name})"
+        if om.mode == "shape_range":
+            b = self._io_buffer(outs, i, r.nbytes, what, C.ACL_ERROR_RT_MODEL_EXECUTE)
+        elif om.gear_mode:
+            need = om.output_size(i)
+            # [unconfirmed code]: the device's copy of `need` bytes into a smaller buffer fails in memcpy
+            b = self._io_buffer(outs, i, need, what + " (gear models need the largest gear's size, "
+                                "get_output_size_by_index)", C.ACL_ERROR_RT_PARAM_INVALID)
+            if self.rules.poison and need > r.nbytes:
+                self.mem.write(b.addr + r.nbytes, np.full(need - r.nbytes, 0xFF, np.uint8))
+        else:
+            b = self._io_buffer(outs, i, r.nbytes, what, C.ACL_ERROR_MODEL_OUTPUT_NOT_MATCH)
+        self.mem.write(b.addr, r)
 
     def _io_buffer(self, ds: Dataset, i: int, need: int, what: str, code: int) -> DataBuffer:
         b = self._get("buffer", ds.buffers[i])

@@ -33,6 +33,9 @@ class Rules:
     strict_leaks: bool = True  # leaks at reset_device/finalize/destroy_context return EMU_LEAK
     poison: bool = True  # new device/malloc_host memory reads as 0xFF (NaN) instead of 0
     soc_version: str | None = None  # when set, models compiled for another SoC fail execute (507011)
+    # False: get_output_name_by_index gives "node:index" without the tensor name, as some descs do
+    # (ascend.md audit, risk 2), so callers must bind outputs by position
+    output_tensor_names: bool = True
     device_count: int = 1
 
 
