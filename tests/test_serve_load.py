@@ -94,7 +94,8 @@ def close_all(server, results: dict) -> None:
 def test_eight_clients_at_once_then_all_memory_freed(server):
     registry = server.api.registry
     close_all(server, run_clients(server))  # a first round: the graphs' and the worker threads' own memory
-    before = rss_bytes()
+    backend = registry.official.predictor.backend
+    buffers_before, before = backend.live_allocations, rss_bytes()
 
     results = run_clients(server)
     for n, (sid, events) in results.items():
@@ -107,14 +108,18 @@ def test_eight_clients_at_once_then_all_memory_freed(server):
     with httpx.Client(base_url=server.url, headers={"X-Client-Id": "one-too-many"}, timeout=HANG_SECONDS) as http:
         refused = http.post("/api/start_session", json={"resource_path": CLIP.name})
         assert refused.status_code == 429 and f"--max-sessions {CLIENTS}" in refused.json()["error"]
-    peak = rss_bytes()
+    peak, buffers_open = rss_bytes(), backend.live_allocations
+    assert buffers_open > buffers_before
 
     close_all(server, results)
     assert registry.count() == 0
     assert [ref() for ref in sessions] == [None] * CLIENTS, "a closed session is still referenced"
     assert list(server.api.workdir.iterdir()) == [], "a closed session left files"
-    after = rss_bytes()
-    print(f"rss: before {before >> 20} MiB, {CLIENTS} sessions {peak >> 20} MiB, after closing {after >> 20} MiB")
-    assert after - before <= (peak - before) // 4 + (4 << 20), (
-        f"closing the sessions gave back too little memory: {before >> 20} MiB before, {peak >> 20} MiB with "
-        f"{CLIENTS} open, {after >> 20} MiB after closing them")
+    # Every device buffer the sessions held is released. RSS is printed, not judged: with 8 client and the
+    # server's threads, glibc's per-thread arenas move it by +-30 MiB from one round of the same sessions to
+    # the next (measured over 6 rounds: 273, 258, 245, 288, 273, 304 MiB), as much as the sessions take.
+    assert backend.live_allocations == buffers_before, (
+        f"closing the sessions left {backend.live_allocations - buffers_before} device buffers of the "
+        f"{buffers_open - buffers_before} they held")
+    print(f"rss: before {before >> 20} MiB, {CLIENTS} sessions {peak >> 20} MiB, after closing "
+          f"{rss_bytes() >> 20} MiB; device buffers {buffers_before} -> {buffers_open} -> {buffers_before}")
