@@ -10,14 +10,21 @@
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
+
+
+def canonical_equation(equation: str) -> str:
+    """An einsum equation with its letters renamed a, b, c, ... in order of first appearance."""
+    names: dict[str, str] = {}
+    return re.sub(r"[A-Za-z]", lambda m: names.setdefault(m.group(0), chr(ord("a") + len(names))),
+                  equation.replace(" ", ""))
 
 
 def einsum_as_matmul(proto) -> int:
     """Rewrite every Einsum "bqc,bchw->bqhw" (any letters of that form) in place; returns how many."""
     from onnx import helper
-
-    from om.onnx_ops import canonical_equation
 
     graph, count = proto.graph, 0
     nodes = []

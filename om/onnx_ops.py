@@ -6,8 +6,9 @@ om.prepass refuses it before atc runs. Sources, method and what they leave open:
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
+
+from graphs.onnx_rewrites import canonical_equation
 
 SOURCES = {
     "ops-nn": "hicann/ops-nn @e5c3fa9327ea95ba26d06227e746923580d10921 (CANN's NN operators and their ONNX "
@@ -251,21 +252,18 @@ def versions(spec: str) -> set[int]:
     return out
 
 
-def canonical_equation(equation: str) -> str:
-    """An einsum equation with its letters renamed a, b, c, ... in order of first appearance."""
-    names: dict[str, str] = {}
-    return re.sub(r"[A-Za-z]", lambda m: names.setdefault(m.group(0), chr(ord("a") + len(names))),
-                  equation.replace(" ", ""))
+DEFAULT_DOMAINS = ("", "ai.onnx")  # the standard ONNX operator set, under either of its names
 
 
-def _walk(graph):
+def walk_nodes(graph):
+    """Every node, including those inside If/Loop/Scan bodies."""
     for node in graph.node:
         yield node
         for attr in node.attribute:
             if attr.g.node:
-                yield from _walk(attr.g)
+                yield from walk_nodes(attr.g)
             for sub in attr.graphs:
-                yield from _walk(sub)
+                yield from walk_nodes(sub)
 
 
 def _attributes(node) -> dict:
@@ -307,7 +305,7 @@ def _shape_only(model) -> set[str]:
 
 
 def _opset(model) -> int | None:
-    return next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), None)
+    return next((o.version for o in model.opset_import if o.domain in DEFAULT_DOMAINS), None)
 
 
 def problems(model) -> list[Problem]:
@@ -315,8 +313,8 @@ def problems(model) -> list[Problem]:
     opset = _opset(model)
     folded = _shape_only(model)
     found = []
-    for node in _walk(model.graph):
-        if node.domain not in ("", "ai.onnx"):
+    for node in walk_nodes(model.graph):
+        if node.domain not in DEFAULT_DOMAINS:
             found.append(Problem(node.name, node.op_type, "E19010", f"No parser is registered for Op [{node.name}, "
                                  f"optype [{node.domain}::{node.op_type}]] [GE-parser]"))
             continue

@@ -16,9 +16,9 @@ import numpy as np
 from graphs import bf16_rounding
 
 from .errors import PrepassError
+from .onnx_ops import DEFAULT_DOMAINS, problems, walk_nodes
 from .plan import GraphPlan
 
-DEFAULT_DOMAINS = ("", "ai.onnx")
 # Ops ATC parses (om/onnx_ops.py: what it does not parse is refused) that may still run badly: reported,
 # never refused (ascend.md 1.4, "verify on the first real run"; om.smoke times them on hardware).
 RISKY_OPS = {
@@ -42,20 +42,9 @@ class PrepassReport:
     check_sizes: dict[str, int] = field(default_factory=dict)  # the sizes the onnxruntime check ran at
 
 
-def _walk_nodes(graph):
-    """Every node, including those inside If/Loop/Scan bodies."""
-    for node in graph.node:
-        yield node
-        for attr in node.attribute:
-            if attr.g.node:
-                yield from _walk_nodes(attr.g)
-            for sub in attr.graphs:
-                yield from _walk_nodes(sub)
-
-
 def check_domains(model, graph_name: str) -> None:
     """Refuse, naming the first node and op, a graph with any node outside the default ONNX domain."""
-    for node in _walk_nodes(model.graph):
+    for node in walk_nodes(model.graph):
         if node.domain not in DEFAULT_DOMAINS:
             raise PrepassError(
                 f"graph {graph_name}: node {node.name or '(unnamed)'!r} is op {node.op_type} of domain "
@@ -65,8 +54,6 @@ def check_domains(model, graph_name: str) -> None:
 
 def check_ops(model, graph_name: str) -> None:
     """Refuse a graph with nodes ATC would not parse or compile (om/onnx_ops.py), naming them all."""
-    from .onnx_ops import problems
-
     found = problems(model)
     if found:
         lines = "\n".join(f"  {p.node} ({p.op}): {p.code} {p.message}" for p in found[:10])
@@ -149,7 +136,7 @@ def make_atc_ready(src: Path, plan: GraphPlan, manifest: dict, out: Path, seed: 
     if wide:
         report.warnings.append(f"{g}: inputs {', '.join(wide)}: ATC converts int64/bool inputs but verify them on "
                                "the NPU (int32 ids and float masks are safer)")
-    for node in _walk_nodes(model.graph):
+    for node in walk_nodes(model.graph):
         if node.op_type in RISKY_OPS:
             report.risky_ops[node.op_type] = report.risky_ops.get(node.op_type, 0) + 1
     for op, n in sorted(report.risky_ops.items()):

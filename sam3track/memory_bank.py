@@ -9,8 +9,6 @@ families/sam31/memory.py); `select_closest_cond_frames` is the conditioning-fram
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 import numpy as np
 
 from .backends import Backend, DeviceTensor

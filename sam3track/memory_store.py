@@ -80,7 +80,8 @@ class HostStore:
         if item is None:
             return None
         if item.data is not None:
-            return _unpack(item.data, item).copy()
+            value = _unpack(item.data, item)
+            return value if item.packed else value.copy()  # packed: _unpack already made a new array
         return _unpack(np.fromfile(item.path, dtype=np.uint16 if item.packed else item.dtype), item)
 
     def discard(self, key) -> None:

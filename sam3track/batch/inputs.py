@@ -12,10 +12,10 @@ from pathlib import Path
 
 from sam3track.batch import storage
 from sam3track.errors import UsageError
-from sam3track.video.writer import VIDEO_SUFFIXES
+from sam3track.video.writer import READABLE_SUFFIXES
 
 OUTPUT_KINDS = ("mp4", "json", "png")
-INPUT_SUFFIXES = VIDEO_SUFFIXES + (".avi", ".webm")
+INPUT_SUFFIXES = READABLE_SUFFIXES
 
 
 def _is_video(location: str) -> bool:

@@ -53,6 +53,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         import uvicorn
 
         from sam3track.serve import create_app
+        from sam3track.serve.app import LOOPBACK_HOSTS
     except ImportError as e:
         print_error(f"{MISSING_EXTRA} ({e})")
         return EXIT_ERROR
@@ -70,9 +71,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
         sock.close()
         print_error(str(e))
         return EXIT_ERROR
-    hosts = ("*",) if not _is_loopback(args.host) else None
+    # on loopback, answer the names of this machine (and the address bound, e.g. 127.0.0.2) only
+    hosts = (*LOOPBACK_HOSTS, args.host) if _is_loopback(args.host) else ("*",)
     app = create_app(predictor, root=args.root, limits=_limits(args), cors_origins=args.cors_origin,
-                     bundle_name=name, **({"allowed_hosts": hosts} if hosts else {}))
+                     bundle_name=name, allowed_hosts=hosts)
     port = sock.getsockname()[1]
     shown_host = f"[{args.host}]" if ":" in args.host else args.host
     print(f"sam3track serve: http://{shown_host}:{port}/ (Ctrl-C stops)", flush=True)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import zipfile
 from pathlib import Path
 
+from sam3track.jobs.track import MASK_ID_OFFSET
 from sam3track.render import draw_objects
 from sam3track.results import FrameResult
 from sam3track.sinks import JsonSink, MasksDirSink
@@ -13,7 +14,6 @@ from sam3track.video import MaskVideoWriter, open_source
 
 from .wire import result_from_wire
 
-MASK_ID_OFFSET = 1  # PNG value = object id + 1; 0 is background (as sam3track track --masks-dir)
 DOWNLOADS = {
     "masks.mp4": "video/mp4",
     "results.json": "application/json",

@@ -8,10 +8,11 @@ import os
 from pathlib import Path, PurePosixPath
 
 from sam3track.errors import shown
+from sam3track.video.writer import READABLE_SUFFIXES
 
 from .sessions import ServeError
 
-VIDEO_SUFFIXES = (".mp4", ".m4v", ".mov", ".mkv", ".avi", ".webm")
+VIDEO_SUFFIXES = READABLE_SUFFIXES  # what the page opens: what batch takes
 MAX_LISTED = 500  # a root holding a whole disk still answers quickly
 
 

@@ -30,6 +30,7 @@ log = logging.getLogger(__name__)
 # the format is always passed explicitly.
 _FORMATS = {".mp4": "mp4", ".m4v": "mp4", ".mov": "mov", ".mkv": "matroska"}
 VIDEO_SUFFIXES = tuple(_FORMATS)  # what MaskVideoWriter can write
+READABLE_SUFFIXES = VIDEO_SUFFIXES + (".avi", ".webm")  # video files taken by suffix (batch, serve)
 ENCODER_THREADS = 4  # x264 frame threads: the same bytes on every machine (see MaskVideoWriter)
 
 

@@ -28,9 +28,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ...backends import Backend, DeviceTensor
-from ...errors import CapacityError, Sam3TrackError
-
+from ...backends import Backend
+from ...errors import Sam3TrackError
 from ...memory_bank import ZERO_ROW, DevicePool, select_closest_cond_frames
 from ...memory_store import HostStore
 
