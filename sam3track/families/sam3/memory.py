@@ -156,7 +156,7 @@ class MemoryBank:
         if mem is not None:
             for entry in list(mem.cond.values()) + list(mem.non_cond.values()):
                 self._release(entry)
-        self.store.discard_where(lambda key: key[1] == obj_id)
+        self.store.discard_object(obj_id)
 
     def clear(self) -> None:
         """Forget every object; every pool row is free and zero again."""
