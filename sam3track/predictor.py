@@ -73,9 +73,12 @@ class Predictor:
             options["gears"] = gears
         return cls(bundle, create_backend(backend, device, **options), config)
 
-    def start_session(self, source=None) -> TrackingSession:
+    def start_session(self, source=None, keep_history: bool = True) -> TrackingSession:
         """source: a video file, an image folder, an array or sequence of RGB frames, a FrameSource, or
-        None for a live stream fed through session.track(frame)."""
+        None for a live stream fed through session.track(frame).
+        keep_history: keep, in a budgeted host store, the memories a later correction on a frame
+        tracked long ago reads (docs/corrections.md). False for one pass that never goes back (the
+        CLI, batch): they are dropped as the pass leaves them. Live streams never keep them."""
         if self.closed:
             raise SessionClosedError("this predictor is closed; load the bundle again")
         from .video.reader import FrameSource
@@ -95,7 +98,7 @@ class Predictor:
                 if owned:
                     source.close()
                 raise
-        session = self.bundle.family.session_class()(self, source, owns_source=owned)
+        session = self.bundle.family.session_class()(self, source, owns_source=owned, keep_history=keep_history)
         self._sessions.add(session)
         return session
 

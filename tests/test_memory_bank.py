@@ -313,3 +313,44 @@ def test_a_session_spills_to_a_file_it_closes_on_close(tiny_bundle):
         assert set(range(2, 8)) <= set(s.bank.summary()[1]["spatial_memory"])
         s.close()
         assert spill.closed and len(store) == 0
+
+
+def test_a_one_pass_session_keeps_no_history_and_the_cli_job_asks_for_one(tiny_bundle, tmp_path):
+    """keep_history=False (what `sam3track track` and batch ask for: one pass, never back) stores
+    nothing of the frames it leaves, and tracks the same masks as a session that keeps them."""
+    import io
+
+    from sam3track.jobs.track import TrackJob, run_track
+
+    from .test_parity import synthetic_frames
+
+    frames = synthetic_frames()[:12]
+    with sam3track.load(tiny_bundle) as p:
+        masks = {}
+        for keep in (True, False):
+            with p.start_session(frames, keep_history=keep) as s:
+                s.add_prompt(frame_index=0, points=[[35, 60]], obj_id=1)
+                masks[keep] = [r.masks for r in s.propagate()]
+                assert s.bank.store.enabled is keep and (len(s.bank.store) > 0) is keep
+        assert all(np.array_equal(a, b) for a, b in zip(masks[True], masks[False]))
+
+        asked = []
+
+        class Recording:  # the loaded predictor the job is handed, recording how it opens its session
+            def __getattr__(self, name):
+                return getattr(p, name)
+
+            def start_session(self, *args, **kwargs):
+                asked.append(kwargs.get("keep_history", True))
+                return p.start_session(*args, **kwargs)
+
+        video = tmp_path / "clip"
+        video.mkdir()
+        from PIL import Image
+
+        for i, f in enumerate(frames[:3]):
+            Image.fromarray(f).save(video / f"{i:05d}.png")
+        job = TrackJob(video=video, bundle=tiny_bundle, prompts=["car"], output=tmp_path / "masks.mp4")
+        err = io.StringIO()
+        assert run_track(job, stdout=io.StringIO(), stderr=err, predictor=Recording()) == 0, err.getvalue()
+        assert asked == [False]
