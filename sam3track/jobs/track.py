@@ -60,7 +60,7 @@ class TrackJob:
     masks_dir: PathLike | None = None
     start_frame: int = 0
     max_frames: int | None = None
-    backend: str = "onnxruntime"
+    backend: str = "auto"
     device: str = "cpu"
     load_options: dict = field(default_factory=dict)
     keep_timestamps: bool = False
