@@ -62,6 +62,12 @@ def choose(bundle, device: str, threads: int | None, precision: str | None, shap
     gate calls it, one path at a time, each closed before the next)."""
     named = os.environ.get(ENV_BACKEND, "").strip()
     if named and named != "auto":
+        from .backends import BACKENDS
+        from .errors import Sam3TrackError
+
+        if named not in BACKENDS + ("ort", "ov"):
+            raise Sam3TrackError(f"${ENV_BACKEND}={named!r} is not a backend; set it to one of "
+                                 f"{', '.join(BACKENDS)} or auto, or unset it")
         return Choice(named, _asked(precision, shapes), f"${ENV_BACKEND}={named}")
     if precision is not None or shapes is not None:
         return Choice("openvino", _asked(precision, shapes), "precision=/shapes= are OpenVINO options")

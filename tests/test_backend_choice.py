@@ -94,6 +94,9 @@ def test_an_explicit_choice_skips_the_gate(tiny_bundle, auto, monkeypatch):
     with sam3track.load(tiny_bundle) as p:
         assert p.backend_choice.reason == "$SAM3TRACK_BACKEND=onnxruntime"
     assert not auto.exists()  # nothing was measured
+    monkeypatch.setenv(bc.ENV_BACKEND, "onnx")
+    with pytest.raises(sam3track.Sam3TrackError, match=r"\$SAM3TRACK_BACKEND='onnx' is not a backend"):
+        sam3track.load(tiny_bundle)
 
 
 def test_info_says_what_auto_runs_here(tiny_bundle, auto):
