@@ -199,9 +199,7 @@ def compare(base, other) -> tuple[bool, float, float]:
 # ----------------------------------------------------------------------------- the verdicts
 def verdict_key(manifest: dict, threads: int | None, candidates: list[Candidate]) -> str:
     """What the verdict depends on: the bundle's graphs, this CPU, the threads, the versions."""
-    from . import __version__
-
-    versions = {"sam3track": __version__}
+    versions = {"sam3track": _package_version()}
     for module in ("onnxruntime", "openvino"):
         try:
             versions[module] = __import__(module).__version__
@@ -211,6 +209,16 @@ def verdict_key(manifest: dict, threads: int | None, candidates: list[Candidate]
     facts = {"schema": SCHEMA, "graphs": graphs, "cpu": cpu_identity(), "threads": threads,
              "versions": versions, "candidates": [c.label for c in candidates]}
     return hashlib.sha256(json.dumps(facts, sort_keys=True, default=str).encode()).hexdigest()[:24]
+
+
+def _package_version() -> str:
+    """This package's version without importing sam3track/__init__ (which imports this module)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("sam3track")
+    except PackageNotFoundError:  # run from a checkout that was never installed
+        return "unknown"
 
 
 def cpu_identity() -> str:

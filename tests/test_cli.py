@@ -141,7 +141,7 @@ class _ScriptedSession:
 
     box_prompts = "tracker"  # a sam3track.TrackingSession member
 
-    def __init__(self, source) -> None:
+    def __init__(self, source, keep_history: bool = True) -> None:
         self.owned = isinstance(source, (str, Path))
         self.reader = open_video(source) if self.owned else source
 
@@ -182,7 +182,7 @@ class _ScriptedPredictor:
     def __init__(self, *args, **overrides) -> None:
         self.overrides = overrides
 
-    def start_session(self, source):
+    def start_session(self, source, keep_history=True):
         return _ScriptedSession(source)
 
     def close(self) -> None:
@@ -484,7 +484,7 @@ def test_set_values_are_passed_to_the_bundle_configuration(tmp_path: Path, monke
                  "-o", str(tmp_path / "o.mp4"), "--max-frames", "2",
                  "--set", "new_det_thresh=0.6", "--set", "hotstart_delay=0",
                  "--set", " flag = true", "--set", "mode=fast"]) == 0
-    assert loaded == [{"backend": "onnxruntime", "device": "cpu", "new_det_thresh": 0.6,
+    assert loaded == [{"backend": "auto", "device": "cpu", "new_det_thresh": 0.6,
                        "hotstart_delay": 0, "flag": True, "mode": "fast"}]
 
 
@@ -595,7 +595,7 @@ def test_clicks_and_boxes_reach_the_session_before_tracking(tmp_path: Path, monk
     log: list = []
 
     class Predictor(_ScriptedPredictor):
-        def start_session(self, source):
+        def start_session(self, source, keep_history=True):
             return _ClickSession(source, log)
 
     monkeypatch.setattr(sam3track, "load", lambda *a, **k: Predictor())

@@ -136,7 +136,8 @@ def test_info_describes_the_shipped_bundle_and_only_existing_backends(capsys):
     out = capsys.readouterr().out
     assert "RANDOM weights" in out and "MISSING" not in out
     backends = [line.strip() for line in out.split("\nbackends\n", 1)[1].splitlines()]
-    assert [line.split()[0] for line in backends] == ["onnxruntime", "openvino", "acl"], backends
+    assert [line.split()[0] for line in backends] == ["onnxruntime", "openvino", "acl", "auto:"], backends
+    assert backends[3] == "auto: $SAM3TRACK_BACKEND=onnxruntime"  # the suite's pin (conftest.py)
     # the bf16 option is listed only where OpenVINO's CPU plugin reports BF16 (machines differ)
     from sam3track.backends.openvino import cpu_capabilities
 

@@ -189,7 +189,7 @@ class _NoObjects:
     def __init__(self, *args, **kwargs) -> None:
         self.reader = None
 
-    def start_session(self, reader):
+    def start_session(self, reader, keep_history=True):
         self.reader = reader
         return self
 
