@@ -7,6 +7,7 @@ describes geometry (image size, feature grid, widths) that the graphs themselves
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 from dataclasses import dataclass
@@ -110,7 +111,8 @@ class Bundle:
         record = HashRecord(self.root, cache)
         todo = [path for path, _, _ in files if record.known(path) is None]
         size = sum(path.stat().st_size for path in todo if path.is_file())
-        with load_notice.step(f"checking the sha256 of {len(todo)} files ({size / 1e9:.1f} GB) of {self.root}"):
+        what = f"checking the sha256 of {len(todo)} files ({size / 1e9:.1f} GB) of {self.root}"
+        with load_notice.step(what) if todo else contextlib.nullcontext():
             try:
                 for path, expected, which in files:
                     if record.sha256(path, file_sha256) != expected:
