@@ -1,18 +1,19 @@
 """What a runtime optimises or compiles from a bundle's graphs, kept on disk so the next load skips it, and
 which graphs a load may leave for their first use.
 
-ONNX Runtime: each graph saved once after its hardware-independent optimisations (level EXTENDED, weights
-in a side file), then every load - the first one too, so a cold and a warm load run the same graph - opens
-that copy at the full level, whose remaining passes are the layout ones for this CPU. The entry also
-records the graph's inputs and outputs, so a deferred graph (`deferred`: the ones the first text-prompted
-frame does not run) is checked at load and its session made at its first run. OpenVINO: its own
-compiled-model cache (CACHE_DIR), in a folder of the bundle.
+ONNX Runtime (CPU provider): ONNX Runtime's "offline mode". A miss makes the graph's session as before, at
+the full optimisation level, and has ONNX Runtime save the optimised graph while it does (weights in a side
+file); that session is the one that runs, so a cold load costs one save more than a load without the cache.
+A hit opens the saved graph with optimisations off. A graph optimised at the full level holds layouts and
+fusions of this CPU, so the key holds the CPU's model and flags. The entry also records the graph's inputs
+and outputs, so a deferred graph (`deferred`: the ones a text-prompted first frame may not run) is checked
+at load and its session made at its first run. Other providers (CUDA, CANN) are not cached. OpenVINO: its
+own compiled-model cache (CACHE_DIR), in a folder of the bundle.
 
-An entry is keyed by the graph's sha256s from the manifest, the runtime and its version and the options
-that change the optimised graph (the execution providers; not the thread count, which only sizes pools).
-It is written in a private folder and renamed into place, so concurrent loads each see a whole entry or
-none; an entry that fails to open, or whose files changed size or time, is removed and written again.
-Layout and numbers: docs/speed.md, "Load time".
+An entry is keyed by the graph's sha256s from the manifest, the runtime and its version, the providers and
+the CPU (not the thread count, which only sizes pools). It is written in a private folder and renamed into
+place, so concurrent loads each see a whole entry or none; an entry that fails to open, or whose files
+changed size or time, is removed and written again. Layout and numbers: docs/speed.md, "Load time".
 """
 
 from __future__ import annotations
@@ -27,7 +28,6 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from .. import load_notice
 from ..user_cache import cache_folder, read_json
 
 SCHEMA = 1  # bump when an entry's layout or meaning changes: older entries are then never read
@@ -74,29 +74,94 @@ class CompileCache:
         return self.root / f"openvino-{version}" / _digest({"schema": SCHEMA, "graphs": self.digests})
 
     # ------------------------------------------------------------------------------ onnxruntime
-    def ort_source(self, ort, name: str, path: str, providers: list[str]) -> tuple[str, dict | None]:
-        """(file to open, its inputs and outputs) for graph `name`: the cache entry's optimised copy,
-        written first when absent or broken; (`path`, None) when the cache is off or cannot be written."""
-        if self.root is None:
-            return path, None
-        entry = self.entry(f"onnxruntime-{ort.__version__}", name, {"providers": providers, "saved": "extended"})
-        record = _valid_record(entry)
-        if record is None:
-            with load_notice.step(f"optimising graph {name} for ONNX Runtime into the cache {entry.parent} "
-                                  "(once per bundle and ONNX Runtime version)"):
-                written = _write_entry(ort, entry, path, providers)
-            record = _valid_record(entry) if written else None
-            if record is None:
-                return path, None
-        else:
-            STATS["hit"] += 1
-        return str(entry / "model.onnx"), record.get("io")
+    def ort_entry(self, ort, name: str, providers: list[str]) -> Path | None:
+        """Graph `name`'s entry folder, or None when the cache is off or the provider is not cached."""
+        if self.root is None or providers != ["CPUExecutionProvider"]:
+            return None
+        return self.entry(f"onnxruntime-{ort.__version__}", name, {"providers": providers, "cpu": cpu_key(),
+                                                                    "saved": "all"})
 
-    def drop(self, source: str, why: str) -> None:
-        """Remove the entry holding `source` (a file from ort_source that failed to open)."""
-        if self.root is not None and Path(source).name == "model.onnx" and Path(source).parent.parent.parent == \
-                self.root:
-            _remove(Path(source).parent, why)
+    def ort_lookup(self, entry: Path | None) -> tuple[str, dict] | None:
+        """(saved graph, its inputs and outputs) of a whole entry; None on a miss."""
+        record = _valid_record(entry) if entry is not None else None
+        if record is None or not isinstance(record.get("io"), dict):
+            return None
+        STATS["hit"] += 1
+        return str(entry / "model.onnx"), record["io"]
+
+    def ort_writer(self, entry: Path | None) -> "EntryWriter | None":
+        """A private folder to save graph `entry` into, or None when the cache is off or unwritable."""
+        if entry is None:
+            return None
+        temp = entry.with_name(f"{entry.name}.{os.getpid()}.{secrets.token_hex(4)}.partial")
+        try:
+            entry.parent.mkdir(parents=True, exist_ok=True)
+            _remove_stale_partials(entry)
+            temp.mkdir()
+        except OSError as exc:
+            _warn(f"cannot write the compile cache in {entry.parent} ({_first_line(exc)}); loading without it")
+            return None
+        return EntryWriter(entry, temp)
+
+    def drop(self, model: str, why: str) -> None:
+        """Remove the entry holding `model` (a saved graph from ort_lookup that failed to open)."""
+        _remove(Path(model).parent, why)
+
+
+class EntryWriter:
+    """One entry being written: ONNX Runtime saves the graph into `temp` while it makes the session
+    (configure), then commit() records the files and renames the folder into place."""
+
+    def __init__(self, entry: Path, temp: Path):
+        self.entry, self.temp = entry, temp
+
+    def configure(self, options) -> None:
+        options.optimized_model_filepath = str(self.temp / "model.onnx")
+        # weights in a side file: a graph over 2 GB cannot be one protobuf
+        options.add_session_config_entry("session.optimized_model_external_initializers_file_name", "model.data")
+        options.add_session_config_entry("session.optimized_model_external_initializers_min_size_in_bytes",
+                                         "1024")
+
+    def commit(self, session, source: str) -> bool:
+        try:
+            if not (self.temp / "model.onnx").is_file():
+                raise OSError("ONNX Runtime saved no optimised graph")
+            (self.temp / ENTRY).write_text(json.dumps({"files": _files_record(self.temp), "source": source,
+                                                       "io": _io_of(session), "written": time.time()},
+                                                      sort_keys=True))
+            try:
+                os.rename(self.temp, self.entry)
+            except OSError:
+                if not (self.entry / ENTRY).is_file():  # not another load's whole entry: a real failure
+                    raise
+                self.abandon()  # another load wrote the same entry first: theirs stays
+            STATS["written"] += 1
+            return True
+        except OSError as exc:
+            self.abandon()
+            _warn(f"cannot write the compile cache in {self.entry.parent} ({_first_line(exc)}); loaded without it")
+            return False
+
+    def abandon(self) -> None:
+        shutil.rmtree(self.temp, ignore_errors=True)
+
+
+def cpu_key() -> str:
+    """The CPU a graph optimised at the full level was made for: model name and instruction-set flags."""
+    global _CPU_KEY
+    if _CPU_KEY is None:
+        try:
+            lines = Path("/proc/cpuinfo").read_text().splitlines()
+            wanted = [next((ln for ln in lines if ln.startswith(k)), "") for k in ("model name", "flags")]
+        except OSError:  # not Linux: what the platform says
+            import platform
+
+            wanted = [platform.processor(), platform.machine()]
+        _CPU_KEY = _digest(wanted)
+    return _CPU_KEY
+
+
+_CPU_KEY: str | None = None
 
 
 def _files_record(folder: Path) -> dict:
@@ -124,39 +189,6 @@ def _io_of(session) -> dict:
     """A session's inputs and outputs as JSON: [[name, dims], ...] (a dim: a size, a name or None)."""
     return {kind: [[t.name, list(t.shape)] for t in tensors]
             for kind, tensors in (("inputs", session.get_inputs()), ("outputs", session.get_outputs()))}
-
-
-def _write_entry(ort, entry: Path, path: str, providers) -> bool:
-    """Optimise `path` into a private folder, then rename it onto `entry`; False when that cannot be done."""
-    temp = entry.with_name(f"{entry.name}.{os.getpid()}.{secrets.token_hex(4)}.partial")
-    try:
-        entry.parent.mkdir(parents=True, exist_ok=True)
-        _remove_stale_partials(entry)
-        temp.mkdir()
-        options = ort.SessionOptions()
-        options.log_severity_level = 3
-        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
-        options.optimized_model_filepath = str(temp / "model.onnx")
-        # weights in a side file: a graph over 2 GB cannot be one protobuf
-        options.add_session_config_entry("session.optimized_model_external_initializers_file_name", "model.data")
-        options.add_session_config_entry("session.optimized_model_external_initializers_min_size_in_bytes",
-                                         "1024")
-        session = ort.InferenceSession(path, sess_options=options, providers=providers)  # writes the copy
-        (temp / ENTRY).write_text(json.dumps({"files": _files_record(temp), "source": path, "io": _io_of(session),
-                                              "written": time.time()}, sort_keys=True))
-        del session
-        try:
-            os.rename(temp, entry)
-        except OSError:
-            if not (entry / ENTRY).is_file():  # not another load's whole entry: a real failure
-                raise
-            shutil.rmtree(temp, ignore_errors=True)  # another load wrote the same entry first: use theirs
-        STATS["written"] += 1
-        return True
-    except Exception as exc:  # an unwritable folder, a full disk, a graph ORT cannot save: load without it
-        shutil.rmtree(temp, ignore_errors=True)
-        _warn(f"cannot write the compile cache in {entry.parent} ({_first_line(exc)}); loading without it")
-        return False
 
 
 def _remove_stale_partials(entry: Path) -> None:

@@ -112,7 +112,7 @@ class OnnxRuntimeBackend(Backend):
         self.device_id = int(index or 0)
         self._ort = ort
         self._providers = [provider] if provider == "CPUExecutionProvider" else [provider, "CPUExecutionProvider"]
-        self._options = ort.SessionOptions()
+        self._options = ort.SessionOptions()  # the settings every session gets (_session_options)
         self._options.log_severity_level = 3
         threads = threads or DEFAULT_THREADS or threads_within_affinity()
         if threads:
@@ -139,38 +139,67 @@ class OnnxRuntimeBackend(Backend):
             if compiled is not None:  # an OM bundle's ATC-ready graph is static on its fixed axes
                 gears.update({axis: tuple(sizes) for axis, sizes in compiled["axes"].items() if len(sizes) == 1})
         cache = self._cache
-        source, io = cache.ort_source(self._ort, name, path, self._providers) if cache is not None else (path, None)
-        if io is not None and name in cache.deferred:  # checked now, its session made at the first run
-            graph = OrtGraph(name, None, gears, io, opener=lambda: self._open(name, path, source))
+        entry = cache.ort_entry(self._ort, name, self._providers) if cache is not None else None
+        hit = cache.ort_lookup(entry) if entry is not None else None
+        if hit is None:
+            graph = OrtGraph(name, self._optimise(name, path, entry), gears)
+        elif name in cache.deferred:  # checked now, its session made at the first run
+            graph = OrtGraph(name, None, gears, hit[1], opener=lambda: self._open_saved(name, path, entry, hit[0]))
         else:
-            graph = OrtGraph(name, self._open(name, path, source), gears)
+            graph = OrtGraph(name, self._open_saved(name, path, entry, hit[0]), gears)
         self._graphs.append(graph)
         return graph
 
-    def _open(self, name: str, path: str, source: str):
-        """The session of graph `name` from `source` (its cache entry, or `path` itself); an entry that
-        does not open is removed and the graph opened from `path`."""
-        session = None
-        if source != path:
-            try:
-                session = self._new_session(source)
-            except Exception as exc:  # a damaged entry is a miss, never a failed load
-                self._cache.drop(source, str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
-        if session is None:
-            try:
-                with load_notice.step(f"optimising graph {name} for ONNX Runtime"):
-                    session = self._new_session(path)
-            except Exception as exc:
-                raise BundleError(f"onnxruntime cannot load graph {name} from {path}: {exc}") from exc
+    def _session_options(self, optimise: bool):
+        options = self._ort.SessionOptions()  # a fresh one per session: saving and levels differ per graph
+        options.log_severity_level = self._options.log_severity_level
+        options.intra_op_num_threads = self._options.intra_op_num_threads
+        if not optimise:  # a graph the compile cache saved optimised already
+            options.graph_optimization_level = self._ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+        return options
+
+    def _open_saved(self, name: str, path: str, entry, model: str):
+        """The session of the optimised graph the compile cache saved; one that does not open is removed
+        from the cache and the graph optimised from `path` again."""
+        try:
+            session = self._ort.InferenceSession(model, sess_options=self._session_options(False),
+                                                 providers=self._providers)
+        except Exception as exc:  # a damaged entry is a miss, never a failed load
+            self._cache.drop(model, str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+            return self._optimise(name, path, entry)
+        return self._checked(name, session)
+
+    def _optimise(self, name: str, path: str, entry):
+        """The session of graph `path`, optimised now (and saved into the compile cache's `entry`)."""
+        writer = self._cache.ort_writer(entry) if entry is not None else None
+        where = f" into the cache {entry.parent} (once per bundle, ONNX Runtime version and CPU)" if writer else ""
+        try:
+            with load_notice.step(f"optimising graph {name} for ONNX Runtime{where}"):
+                options = self._session_options(True)
+                if writer is not None:
+                    writer.configure(options)
+                try:
+                    session = self._ort.InferenceSession(path, sess_options=options, providers=self._providers)
+                except Exception:
+                    if writer is None:
+                        raise
+                    writer.abandon()  # perhaps the saving that failed (a full disk): once more without it
+                    writer = None
+                    session = self._ort.InferenceSession(path, sess_options=self._session_options(True),
+                                                         providers=self._providers)
+        except Exception as exc:
+            raise BundleError(f"onnxruntime cannot load graph {name} from {path}: {exc}") from exc
+        if writer is not None:
+            writer.commit(session, path)
+        return self._checked(name, session)
+
+    def _checked(self, name: str, session):
         # ONNX Runtime falls back to the CPU, with only a log line, when a provider's libraries are
         # missing (onnxruntime-cann without libascendcl.so: ascend.md section 5); never run there silently.
         if session.get_providers()[0] != self.provider:
             raise BackendError(f"onnxruntime could not start {self.provider} for graph {name} and fell back to "
                                f"{', '.join(session.get_providers())}; {_INSTALL_HINTS.get(self.provider, '')}")
         return session
-
-    def _new_session(self, path: str):
-        return self._ort.InferenceSession(path, sess_options=self._options, providers=self._providers)
 
     def _session_of(self, graph: OrtGraph):
         """The graph's session, made now when the load deferred it."""
