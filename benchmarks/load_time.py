@@ -2,7 +2,7 @@
 each in its own process, and where the time goes.
 
     python -m benchmarks.load_time --bundle BUNDLE [--runs 3] [--backend onnxruntime] [--threads N]
-        [--out results.json]
+        [--no-frame] [--out results.json]
 
 Per run: cold (an empty cache folder), then warm (that folder, a new process), then "no cache"
 (SAM3TRACK_COMPILE_CACHE=0: every graph optimised from its file and every sha256 computed, as before the
@@ -46,6 +46,7 @@ def timed(key, fn):
     return wrapper
 bundle_mod.file_sha256 = timed("sha256", bundle_mod.file_sha256)
 backend_name, bundle, threads = sys.argv[1], sys.argv[2], (int(sys.argv[3]) if sys.argv[3] != "0" else None)
+run_frame = sys.argv[4] == "1"
 if backend_name == "onnxruntime":
     from sam3track.backends import onnxruntime as ort_backend
     B = ort_backend.OnnxRuntimeBackend
@@ -60,12 +61,14 @@ deferred = sorted(n for n, g in p.graphs.items() if getattr(g, "session", True) 
                   or getattr(g, "compiled", True) is None)
 size = p.bundle.manifest["preprocessing"]["image_size"]
 frame = np.random.default_rng(0).integers(0, 255, (size, size, 3), dtype=np.uint8)
-s = p.start_session([frame])
-s.add_prompt(text="person")
 before_frame = dict(spent)
-t = time.perf_counter()
-list(s.propagate())
-first_frame = time.perf_counter() - t
+first_frame = 0.0
+if run_frame:
+    s = p.start_session([frame])
+    s.add_prompt(text="person")
+    t = time.perf_counter()
+    list(s.propagate())
+    first_frame = time.perf_counter() - t
 p.close()
 print(json.dumps({"import": imported - started, "load": loaded - imported, "first_frame": first_frame,
                   "first_frame_sessions": sum(spent.values()) - sum(before_frame.values()),
@@ -73,14 +76,14 @@ print(json.dumps({"import": imported - started, "load": loaded - imported, "firs
 """
 
 
-def child(bundle: Path, cache: Path | None, backend: str, threads: int) -> dict:
+def child(bundle: Path, cache: Path | None, backend: str, threads: int, frame: bool) -> dict:
     env = dict(os.environ, PYTHONPATH=str(REPO))
     if cache is None:
         env["SAM3TRACK_COMPILE_CACHE"] = "0"
     else:
         env["SAM3TRACK_CACHE"] = str(cache)
         env.pop("SAM3TRACK_COMPILE_CACHE", None)
-    done = subprocess.run([sys.executable, "-c", CHILD, backend, str(bundle), str(threads)], env=env,
+    done = subprocess.run([sys.executable, "-c", CHILD, backend, str(bundle), str(threads), "1" if frame else "0"], env=env,
                           capture_output=True, text=True, timeout=3600)
     if done.returncode != 0:
         raise SystemExit(f"the load child failed ({done.returncode}):\n{done.stderr[-3000:]}")
@@ -99,6 +102,7 @@ def main(argv=None) -> None:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--backend", default="onnxruntime", choices=("onnxruntime", "openvino"))
     parser.add_argument("--threads", type=int, default=0, help="0: the backend's default")
+    parser.add_argument("--no-frame", action="store_true", help="skip the first frame (minutes at full size)")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args(argv)
     for path in sorted(args.bundle.rglob("*")):  # into the page cache: every run reads the same way
@@ -109,15 +113,17 @@ def main(argv=None) -> None:
     runs = {"cold": [], "warm": [], "no cache": []}
     for i in range(args.runs):
         with tempfile.TemporaryDirectory(prefix="sam3track-load-") as folder:
-            runs["cold"].append(child(args.bundle, Path(folder), args.backend, args.threads))
-            runs["warm"].append(child(args.bundle, Path(folder), args.backend, args.threads))
-        runs["no cache"].append(child(args.bundle, None, args.backend, args.threads))
+            runs["cold"].append(child(args.bundle, Path(folder), args.backend, args.threads, not args.no_frame))
+            runs["warm"].append(child(args.bundle, Path(folder), args.backend, args.threads, not args.no_frame))
+        runs["no cache"].append(child(args.bundle, None, args.backend, args.threads, not args.no_frame))
         print(f"run {i + 1}/{args.runs}: " + ", ".join(f"{k} {v[-1]['load']:.2f} s" for k, v in runs.items()),
               flush=True)
     graphs = json.loads((args.bundle / "manifest.json").read_text())["graphs"]
     size = sum((args.bundle / f).stat().st_size for g in graphs.values() for f in [g["file"]] + g.get("data_files", []))
     size /= 1e9  # the graphs, not the checkpoint a seeded bundle keeps in source/
-    print(f"\n{args.bundle} ({size:.2f} GB of graphs), {args.backend}, {os.cpu_count()} CPUs, load average "
+    cpu = next((ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo") if ln.startswith("model name")), "?") \
+        if os.path.exists("/proc/cpuinfo") else "?"
+    print(f"\n{args.bundle} ({size:.2f} GB of graphs), {args.backend}, {os.cpu_count()} CPUs ({cpu}), load average "
           f"{os.getloadavg()[0]:.1f} at the end; seconds, median [min-max] of {args.runs}")
     keys = ("import", "load", "sha256", "optimised", "opened_saved", "first_frame", "first_frame_sessions")
     print("| load | " + " | ".join(keys) + " |")
