@@ -9,8 +9,8 @@ Per run: cold (an empty cache folder), then warm (that folder, a new process), t
 cache). Each child times the import, the load, and inside it the sha256 hashing, the graphs optimised
 (ONNX Runtime sessions made from a bundle file, saving into the cache included; OpenVINO compiles, from
 its cache or not) and the saved graphs opened (ONNX Runtime); then the first text-prompted frame, with
-the time it spent making the deferred graphs it needed. Medians [min-max] over the runs. The bundle's files are read once first, so every run reads
-them from the page cache. A shared machine makes every number noisy: the load average is reported.
+the time it spent making the deferred graphs it needed. Medians [min-max] over the runs. The bundle's
+files are read once first, so every run reads them from the page cache. A shared machine makes every number noisy: the load average is reported.
 """
 
 from __future__ import annotations
@@ -72,7 +72,8 @@ if run_frame:
 p.close()
 print(json.dumps({"import": imported - started, "load": loaded - imported, "first_frame": first_frame,
                   "first_frame_sessions": sum(spent.values()) - sum(before_frame.values()),
-                  "deferred": deferred, **{k: before_frame[k] for k in spent}, "cache_stats": dict(compile_cache.STATS)}))
+                  "deferred": deferred, **{k: before_frame[k] for k in spent},
+                  "cache_stats": dict(compile_cache.STATS)}))
 """
 
 
@@ -83,8 +84,8 @@ def child(bundle: Path, cache: Path | None, backend: str, threads: int, frame: b
     else:
         env["SAM3TRACK_CACHE"] = str(cache)
         env.pop("SAM3TRACK_COMPILE_CACHE", None)
-    done = subprocess.run([sys.executable, "-c", CHILD, backend, str(bundle), str(threads), "1" if frame else "0"], env=env,
-                          capture_output=True, text=True, timeout=3600)
+    done = subprocess.run([sys.executable, "-c", CHILD, backend, str(bundle), str(threads), "1" if frame else "0"],
+                          env=env, capture_output=True, text=True, timeout=3600)
     if done.returncode != 0:
         raise SystemExit(f"the load child failed ({done.returncode}):\n{done.stderr[-3000:]}")
     result = json.loads(done.stdout.strip().splitlines()[-1])

@@ -32,7 +32,8 @@ def create_backend(name: str, device: str = "cpu", **options) -> Backend:
     if name in ("onnxruntime", "ort"):
         from .onnxruntime import OnnxRuntimeBackend
 
-        _refuse(name, options, {"threads", "gears", "compile_cache"}, "precision=, shapes= and cache_dir= are openvino options")
+        _refuse(name, options, {"threads", "gears", "compile_cache"},
+                "precision=, shapes= and cache_dir= are openvino options")
         return OnnxRuntimeBackend(device=device, **options)
     if name in ("openvino", "ov"):
         try:

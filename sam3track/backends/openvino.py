@@ -4,9 +4,9 @@ One compiled model and infer request per graph; outputs named in `outputs=` are 
 caller's views, every other output into a fresh tensor. Options: shapes="dynamic" (default) or "static"
 (compiled again per new call shape, faster calls), precision="fp32" (default, always set) or "bf16" (CPUs
 that list BF16), cache_dir= (OpenVINO's compiled-model cache; by default the compile cache's folder of the
-bundle, compile_cache.py). Graphs the load defers are read at load and compiled at their first run. The design: docs/architecture.md, "The
-OpenVINO backend"; what static shapes and bf16 gain and cost, and which quantised graphs load:
-docs/speed.md, "CPU fast paths".
+bundle, compile_cache.py). Graphs the load defers are read at load and compiled at their first run. The
+design: docs/architecture.md, "The OpenVINO backend"; what static shapes and bf16 gain and cost, and which
+quantised graphs load: docs/speed.md, "CPU fast paths".
 """
 
 from __future__ import annotations
