@@ -1,7 +1,8 @@
 """The per-user cache folder of what loading a bundle can reuse: graphs optimised or compiled by a runtime
 (backends/compile_cache.py) and records of bundles whose sha256 was checked (bundle.py).
 
-Folder: $SAM3TRACK_CACHE, else $XDG_CACHE_HOME/sam3track/compiled, else ~/.cache/sam3track/compiled.
+Folder: compiled/ in sam3track's cache folder: $SAM3TRACK_CACHE, else $XDG_CACHE_HOME/sam3track, else
+~/.cache/sam3track (the folder backend="auto" keeps its verdicts in too).
 SAM3TRACK_COMPILE_CACHE=0 turns the cache off for a process (load(compile_cache=False) for one load).
 Every file goes in by rename, so a reader sees a whole entry or none; an unreadable entry is a miss.
 """
@@ -19,7 +20,7 @@ ENV_SWITCH = "SAM3TRACK_COMPILE_CACHE"
 
 def default_folder() -> Path:
     if os.environ.get(ENV_FOLDER):
-        return Path(os.environ[ENV_FOLDER]).expanduser()
+        return Path(os.environ[ENV_FOLDER]).expanduser() / "compiled"
     base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
     return Path(base) / "sam3track" / "compiled"
 
