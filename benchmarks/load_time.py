@@ -115,6 +115,7 @@ def main(argv=None) -> None:
     for i in range(args.runs):
         with tempfile.TemporaryDirectory(prefix="sam3track-load-") as folder:
             runs["cold"].append(child(args.bundle, Path(folder), args.backend, args.threads, not args.no_frame))
+            os.sync()  # the cold load's gigabytes on disk first: a second run does not compete with their writeback
             runs["warm"].append(child(args.bundle, Path(folder), args.backend, args.threads, not args.no_frame))
         runs["no cache"].append(child(args.bundle, None, args.backend, args.threads, not args.no_frame))
         print(f"run {i + 1}/{args.runs}: " + ", ".join(f"{k} {v[-1]['load']:.2f} s" for k, v in runs.items()),
