@@ -66,7 +66,7 @@ def run(bundle: str, n: int, objects: int, overrides: dict) -> dict:
         _, out["pass_s"] = timed(lambda: sum(1 for _ in tracked()))
         out["rss_mb_by_frame"] = rss
         store = s.bank.store
-        tracked = max(1, sum(1 for key in (*store._ram, *store._disk) if key[0] == "p"))
+        tracked = max(1, store.count("p"))
         out.update(store_ram_mb=store.ram_bytes / 2**20, store_disk_mb=store.disk_bytes / 2**20,
                    bytes_per_frame_object=(store.ram_bytes + store.disk_bytes) / tracked)
         out["click_at_stop_s"] = correct(s, n - 1, clicks[0], 1)

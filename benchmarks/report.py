@@ -170,6 +170,8 @@ def _variants(r: dict, objects: list[str]) -> list[str]:
         mine = slopes.get(name, {}).get("ms_per_object")
         per = "-" if mine is None or not ref_slope or mine != mine else f"{mine:.1f} ({mine / ref_slope:.2f})"
         status = "measured" if v["available"] else f"unavailable: {v['reason']}"
+        if v.get("chose"):  # the auto variant: the path it took
+            status += " as " + " ".join(f"{k}={x}" for k, x in v["chose"].items() if k != "reason")
         lines.append(f"| {name} | {status} | " + " | ".join(cells) + f" | {per} |")
     lines.append("")
     lines += _warmup(r, objects)

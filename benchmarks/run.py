@@ -39,6 +39,8 @@ VARIANTS = {
     "openvino-fp32-static": {"bundle": "fp32", "backend": "openvino", "precision": "fp32", "shapes": "static"},
     "openvino-bf16-static": {"bundle": "fp32", "backend": "openvino", "precision": "bf16", "shapes": "static"},
     "ort-int8": {"bundle": "int8", "backend": "onnxruntime"},
+    # what sam3track.load(bundle) runs: the path backend="auto" measured fastest within tolerance here
+    "auto": {"bundle": "fp32", "backend": "auto"},
 }
 # On our side only (the reference has no such settings): NMS and hole filling off, as transformers
 # runs without its CUDA kernel; the reference's cross-prompt quirks on, so both sides do the same work;
@@ -238,6 +240,9 @@ def _variant_scores(args, bundles, frames, results) -> dict:
         except Unavailable as exc:
             variants[name].update(available=False, reason=str(exc))
             continue
+        choice = getattr(predictor, "backend_choice", None)
+        if name == "auto" and choice is not None:  # which path the default took here, and why
+            variants[name]["chose"] = {"backend": choice.backend, **choice.options, "reason": choice.reason}
         try:
             own_scores[name] = ours_detection_scores(predictor, frames[0], args.prompts)
         finally:

@@ -12,7 +12,7 @@ __version__ = "0.1.0"
 _moved.install()  # old paths of modules that moved into families/sam3 (sam3track/moved.py)
 
 
-def load(bundle_dir, backend: str = "onnxruntime", device: str = "cpu", **options):
+def load(bundle_dir, backend: str = "auto", device: str = "cpu", **options):
     """Load a bundle and return a Predictor (see sam3track.predictor.Predictor); its start_session gives a
     TrackingSession, whichever family the bundle holds."""
     from .load_notice import loading

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .backend_choice import Choice, choose
 from .backends import create_backend
 from .backends.compile_cache import CompileCache
 from .bundle import Bundle
@@ -35,16 +36,20 @@ class Predictor:
             raise
         self._sessions: weakref.WeakSet[TrackingSession] = weakref.WeakSet()
         self.closed = False
+        self.backend_choice: Choice | None = None  # which path load() took and why
 
     @classmethod
-    def load(cls, bundle_dir, backend: str = "onnxruntime", device: str = "cpu", verify: bool = True,
+    def load(cls, bundle_dir, backend: str = "auto", device: str = "cpu", verify: bool = True,
              threads: int | None = None, gears=None, precision: str | None = None,
              shapes: str | None = None, compile_cache=None, **config_overrides) -> "Predictor":
         """Open and check a bundle, then load its graphs. Keyword overrides change TrackerConfig fields,
         e.g. mask_nms=False, fill_holes=False to compare with transformers.
 
-        backend: "onnxruntime" (device "cpu", "cuda:N" or "cann:N"), "openvino" (device "cpu"; pip
-        install 'sam3track[openvino]') or "acl" (an OM bundle, device "npu:N").
+        backend: "auto" (default: the fastest installed path whose results stay within the parity
+        tolerances of ONNX Runtime fp32 on this machine, measured once and cached; see
+        sam3track/backend_choice.py and `predictor.backend_choice`), "onnxruntime" (device "cpu",
+        "cuda:N" or "cann:N"), "openvino" (device "cpu"; pip install 'sam3track[openvino]') or "acl"
+        (an OM bundle, device "npu:N").
         threads: intra-op threads for every backend (ONNX Runtime's intra_op_num_threads, OpenVINO's
         INFERENCE_NUM_THREADS; acl accepts and ignores it). None (default) keeps the backend's own
         default, every core: on the 2-core machine these graphs were measured on, that was within
@@ -66,6 +71,11 @@ class Predictor:
         config = bundle.family.config_from_manifest(bundle.manifest, **config_overrides)
         options = {"threads": threads} if threads is not None else {}
         options["compile_cache"] = CompileCache.for_bundle(bundle, compile_cache)
+        choice = None
+        if backend == "auto":
+            choice = choose(bundle, device, threads, precision, shapes, gears,
+                            lambda c: cls(bundle, create_backend(c.backend, device, **options, **c.options), config))
+            backend, precision, shapes = choice.backend, choice.options.get("precision"), choice.options.get("shapes")
         if precision is not None:
             options["precision"] = precision
         if shapes is not None:
@@ -75,11 +85,17 @@ class Predictor:
             gears = default_gears(config)  # CANN compiles every new shape again: a few planned ones
         if gears is not None:
             options["gears"] = gears
-        return cls(bundle, create_backend(backend, device, **options), config)
+        predictor = cls(bundle, create_backend(backend, device, **options), config)
+        predictor.backend_choice = choice or Choice(
+            backend, {k: v for k, v in options.items() if k not in ("threads", "compile_cache")}, "backend= given")
+        return predictor
 
-    def start_session(self, source=None) -> TrackingSession:
+    def start_session(self, source=None, keep_history: bool = True) -> TrackingSession:
         """source: a video file, an image folder, an array or sequence of RGB frames, a FrameSource, or
-        None for a live stream fed through session.track(frame)."""
+        None for a live stream fed through session.track(frame).
+        keep_history: keep, in a budgeted host store, the memories a later correction on a frame
+        tracked long ago reads (docs/corrections.md). False for one pass that never goes back (the
+        CLI, batch): they are dropped as the pass leaves them. Live streams never keep them."""
         if self.closed:
             raise SessionClosedError("this predictor is closed; load the bundle again")
         from .video.reader import FrameSource
@@ -99,7 +115,7 @@ class Predictor:
                 if owned:
                     source.close()
                 raise
-        session = self.bundle.family.session_class()(self, source, owns_source=owned)
+        session = self.bundle.family.session_class()(self, source, owns_source=owned, keep_history=keep_history)
         self._sessions.add(session)
         return session
 

@@ -20,7 +20,7 @@ def test_benchmark_tool_runs_at_tiny_size(tiny_bundle, tmp_path):
     threads = torch.get_num_threads()
     out = tmp_path / "out"
     assert main(["--preset", "tiny", "--bundle", str(tiny_bundle), "--objects", "1,2", "--frames", "2", "--reps", "1",
-                 "--warmup-frames", "1", "--threads", "1", "--variants", "ort-fp32,openvino-bf16,ort-int8", "--fidelity-frames", "2",
+                 "--warmup-frames", "1", "--threads", "1", "--variants", "ort-fp32,openvino-bf16,ort-int8,auto", "--fidelity-frames", "2",
                  "--rss-frames", "3", "--rss-every", "2", "--rss-objects", "2", "--out", str(out),
                  "--cache", str(tmp_path / "cache")]) == 0
     # --threads 1 set torch's process-wide thread count for the reference; it is put back (the parity
@@ -58,6 +58,8 @@ def test_benchmark_tool_runs_at_tiny_size(tiny_bundle, tmp_path):
             for n in ("1", "2"):
                 t = r["overrides"][n][name]["score_threshold_detection"]
                 assert own[int(n) - 1] > t >= own[int(n)] or own[int(n) - 1] == own[int(n)], (name, n, t, own[:3])
+    # the default path (backend="auto"; the suite pins it to onnxruntime, conftest.py) and what it took
+    assert r["variants"]["auto"]["chose"]["backend"] == "onnxruntime" and "auto" in r["summary"]
     for side in ("ours", "reference"):
         rss = r["rss"][side]
         assert "error" not in rss, rss

@@ -230,21 +230,28 @@ def test_the_host_store_gives_values_back_bit_for_bit_from_memory_and_disk():
     bf16 = (rng.standard_normal((6, 4)).astype(np.float32).view(np.uint32) & 0xFFFF0000).view(np.float32)
     plain = rng.standard_normal(5).astype(np.float32)  # not bf16-exact: kept whole
     store = HostStore(ram_bytes=bf16.nbytes // 2 + plain.nbytes, disk_bytes=10 ** 6)
-    store.put("a", bf16)
+    a, b, c = ("m", 1, 0), ("p", 1, 0), ("m", 2, 7)
+    store.put(a, bf16)
     assert store.ram_bytes == bf16.nbytes // 2  # 16 bits per value
-    store.put("b", plain)
-    store.put("c", bf16 * 2)  # over the RAM cap: the oldest ("a") goes to disk
-    assert store.disk_bytes == bf16.nbytes // 2 and store.ram_bytes <= store.ram_cap
-    folder = store._folder
-    assert folder.is_dir() and len(list(folder.iterdir())) == 1
-    for key, want in (("a", bf16), ("b", plain), ("c", bf16 * 2)):
+    store.put(b, plain)
+    store.put(c, bf16 * 2)  # over the RAM cap: the oldest (a) goes to the spill file
+    assert store.disk_bytes == bf16.nbytes // 2 and store.ram_bytes <= store.ram_cap and len(store) == 3
+    for key, want in ((a, bf16), (b, plain), (c, bf16 * 2)):
         got = store.get(key)
         assert got.dtype == want.dtype and got.shape == want.shape and np.array_equal(got.view(np.uint32),
                                                                                       want.view(np.uint32))
-    store.discard("a")
-    assert store.get("a") is None and store.disk_bytes == 0 and not list(folder.iterdir())
+        got += 1  # a copy: the store's value is untouched
+        assert np.array_equal(store.get(key), want)
+    store.discard(a)
+    assert store.get(a) is None and store.disk_bytes == 0 and a not in store and len(store) == 2
+    store.put(("m", 3, 1), bf16 * 4)
+    store.put(("m", 3, 2), bf16 * 8)  # b, c and (m, 3, 1) spill: c into the hole a left
+    assert store._end == store.disk_bytes == plain.nbytes + bf16.nbytes
+    store.discard_object(3)
+    assert ("m", 3, 2) not in store and np.array_equal(store.get(c), bf16 * 2) and len(store) == 2
+    spill = store._file
     store.close()
-    assert not folder.exists()
+    assert spill.closed and len(store) == 0
 
 
 def test_the_host_store_drops_the_oldest_beyond_its_disk_cap():
@@ -252,20 +259,43 @@ def test_the_host_store_drops_the_oldest_beyond_its_disk_cap():
 
     row = np.ones(256, np.float32)  # bf16-exact: 512 bytes kept
     store = HostStore(ram_bytes=0, disk_bytes=3 * 512)
-    for k in range(5):
-        store.put(k, row * k)
-    assert [k for k in range(5) if k in store] == [2, 3, 4] and store.dropped == 2
-    assert store.ram_bytes == 0 and store.disk_bytes == 3 * 512
-    assert np.array_equal(store.get(4), row * 4)
+    order = [("m", 1, 5), ("p", 2, 0), ("m", 1, 2), ("m", 2, 9), ("m", 1, 0)]  # put order, not frame order
+    for k, key in enumerate(order):
+        store.put(key, row * k)
+    assert [key for key in order if key in store] == order[2:] and store.dropped == 2
+    assert store.ram_bytes == 0 and store.disk_bytes == 3 * 512 and store._end == 3 * 512  # holes reused
+    assert np.array_equal(store.get(order[4]), row * 4)
     off = HostStore(0, 0)
-    off.put("x", row)
-    assert not off.enabled and "x" not in off and off._folder is None
+    off.put(("m", 1, 0), row)
+    assert not off.enabled and ("m", 1, 0) not in off and off._file is None
     store.close()
 
 
-def test_a_session_spills_to_a_folder_it_removes_on_close(tiny_bundle):
-    """With no host memory for it, what left the device is all on disk, in a folder of its own, gone
-    once the session closes; the pools hold one window, whatever the clip's length."""
+def test_the_host_store_keeps_a_few_bytes_of_bookkeeping_per_entry():
+    """A long clip's index is arrays over frames, not an object per entry: 10,000 frames x 2 objects x 2
+    kinds, all on disk, take under 50 bytes of host memory each beyond the rows (which are on disk)."""
+    import tracemalloc
+
+    from sam3track.memory_store import HostStore
+
+    row = np.ones(8, np.float32)
+    store = HostStore(ram_bytes=64, disk_bytes=10 ** 8)
+    tracemalloc.start()
+    before = tracemalloc.get_traced_memory()[0]
+    for frame in range(10_000):
+        for obj in (1, 2):
+            store.put(("m", obj, frame), row)
+            store.put(("p", obj, frame), row)
+    grown = tracemalloc.get_traced_memory()[0] - before
+    tracemalloc.stop()
+    assert len(store) == 40_000 and store.disk_bytes > 0
+    assert grown / 40_000 < 50, grown / 40_000
+    store.close()
+
+
+def test_a_session_spills_to_a_file_it_closes_on_close(tiny_bundle):
+    """With no host memory for it, what left the device is all in the spill file, closed (so gone: it
+    has no name) once the session closes; the pools hold one window, whatever the clip's length."""
     from .test_parity import synthetic_frames
 
     frames = synthetic_frames()[:24]
@@ -274,12 +304,53 @@ def test_a_session_spills_to_a_folder_it_removes_on_close(tiny_bundle):
         s.add_prompt(frame_index=0, points=[[35, 60]], obj_id=1)
         list(s.propagate())
         store = s.bank.store
-        folder = store._folder
-        assert store.ram_bytes == 0 and store.disk_bytes > 0 and folder.is_dir()
+        spill = store._file
+        assert store.ram_bytes == 0 and store.disk_bytes > 0 and not spill.closed
         held = s.bank.summary()[1]
         assert held["spatial_memory"] == [0] + list(range(17, 24)) and held["pointers"] == [0] + list(range(8, 24))
         assert ("m", 1, 5) in store and ("p", 1, 5) in store and ("m", 1, 20) not in store
         s.add_prompt(frame_index=8, points=[[50, 60]], obj_id=1)  # reads frames 2..7 back from the store
         assert set(range(2, 8)) <= set(s.bank.summary()[1]["spatial_memory"])
         s.close()
-        assert not folder.exists() and len(store) == 0
+        assert spill.closed and len(store) == 0
+
+
+def test_a_one_pass_session_keeps_no_history_and_the_cli_job_asks_for_one(tiny_bundle, tmp_path):
+    """keep_history=False (what `sam3track track` and batch ask for: one pass, never back) stores
+    nothing of the frames it leaves, and tracks the same masks as a session that keeps them."""
+    import io
+
+    from sam3track.jobs.track import TrackJob, run_track
+
+    from .test_parity import synthetic_frames
+
+    frames = synthetic_frames()[:12]
+    with sam3track.load(tiny_bundle) as p:
+        masks = {}
+        for keep in (True, False):
+            with p.start_session(frames, keep_history=keep) as s:
+                s.add_prompt(frame_index=0, points=[[35, 60]], obj_id=1)
+                masks[keep] = [r.masks for r in s.propagate()]
+                assert s.bank.store.enabled is keep and (len(s.bank.store) > 0) is keep
+        assert all(np.array_equal(a, b) for a, b in zip(masks[True], masks[False]))
+
+        asked = []
+
+        class Recording:  # the loaded predictor the job is handed, recording how it opens its session
+            def __getattr__(self, name):
+                return getattr(p, name)
+
+            def start_session(self, *args, **kwargs):
+                asked.append(kwargs.get("keep_history", True))
+                return p.start_session(*args, **kwargs)
+
+        video = tmp_path / "clip"
+        video.mkdir()
+        from PIL import Image
+
+        for i, f in enumerate(frames[:3]):
+            Image.fromarray(f).save(video / f"{i:05d}.png")
+        job = TrackJob(video=video, bundle=tiny_bundle, prompts=["car"], output=tmp_path / "masks.mp4")
+        err = io.StringIO()
+        assert run_track(job, stdout=io.StringIO(), stderr=err, predictor=Recording()) == 0, err.getvalue()
+        assert asked == [False]

@@ -756,3 +756,29 @@ def test_a_bad_sam31_manifest_is_refused_naming_the_key(bundle, tmp_path):
     (copy / "mask_init.onnx").unlink()
     with pytest.raises(BundleError, match="graph mask_init is missing"):
         sam3track.load(copy)
+
+
+def test_a_new_clicked_object_with_an_empty_mask_is_in_its_prompts_result(bundle, monkeypatch):
+    """Meta drops empty masks from every output; the click call's own result keeps the prompted
+    object (empty), so `obj_id=r.object_ids[-1]` (docs/api.md) names the object just made."""
+    import sam3track
+    from sam3track.families.sam31.clicks import ClickPrompts
+    from sam3track.video import open_video
+
+    with open_video(CLIPS / "bikes.mp4") as v:
+        frames = np.stack([v.read(i) for i in range(2)])
+    add = ClickPrompts.add_clicked_object
+
+    def decoded(self, frame, features, obj_id, coords, labels):  # object 0 found, object 1 not
+        mask = np.zeros_like(add(self, frame, features, obj_id, coords, labels))
+        mask[100:150, 150:250] = obj_id == 0
+        return mask
+
+    monkeypatch.setattr(ClickPrompts, "add_clicked_object", decoded)
+    with sam3track.load(bundle) as p, p.start_session(frames) as s:
+        first = s.add_prompt(frame_index=1, points=[[200, 120]], labels=[1])
+        assert first.object_ids.tolist() == [0] and first.masks[0].any()
+        r = s.add_prompt(frame_index=1, points=[[20, 20]], labels=[1])
+        assert r.object_ids.tolist() == [0, 1] and not r.masks[1].any() and r.masks[0].any()
+        assert r.boxes_xyxy[1].tolist() == [0, 0, 0, 0] and len(r.prompts) == len(r.tracker_probs) == 2
+        assert 1 in s.add_prompt(frame_index=1, points=[[30, 30]], obj_id=r.object_ids[-1]).object_ids

@@ -55,7 +55,7 @@ def track_videos(
     *,
     workers: int = 1,
     address: str | None = None,
-    backend: str = "onnxruntime",
+    backend: str = "auto",
     device: str = "cpu",
     outputs: str | Sequence[str] = ("mp4", "json"),
     overrides: dict | None = None,

@@ -149,8 +149,9 @@ def add_parser(sub) -> argparse.ArgumentParser:
     batch.add_argument("--outputs", default="mp4,json", metavar="mp4,json,png",
                        help="what to write per video: mp4 (always), json (COCO RLE masks), png "
                             "(a folder of label PNGs) (default: mp4,json)")
-    batch.add_argument("--backend", default="onnxruntime", metavar="NAME",
-                       help="inference backend (default: onnxruntime)")
+    batch.add_argument("--backend", default="auto", metavar="NAME",
+                       help="inference backend: auto (default: the fastest path within the parity tolerances "
+                            "here, measured once per machine and cached), onnxruntime, openvino")
     batch.add_argument("--device", default="cpu", metavar="NAME",
                        help="cpu, or cuda (one GPU per worker, assigned by Ray) (default: cpu)")
     batch.add_argument("--set", type=setting, action="append", default=[], metavar="NAME=VALUE",

@@ -71,7 +71,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
                       help="mask video to write (default: ./bikes.masks.mp4)")
     demo.add_argument("--max-frames", type=int_at_least(1), default=DEMO_MAX_FRAMES, metavar="N",
                       help=f"frames to process (default {DEMO_MAX_FRAMES})")
-    demo.add_argument("--backend", default="onnxruntime", metavar="NAME", help=argparse.SUPPRESS)
+    demo.add_argument("--backend", default="auto", metavar="NAME", help=argparse.SUPPRESS)
     demo.add_argument("--device", default="cpu", metavar="NAME", help=argparse.SUPPRESS)
     demo.set_defaults(func=cmd_demo)
     return demo

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -70,6 +71,22 @@ def _backends_lines() -> list[str]:
         lines.append("acl (Ascend OM bundles): pyacl not found (it comes with the CANN toolkit: source set_env.sh); "
                      "convert a bundle with python -m om.convert")
     return lines
+
+
+def _auto_line(manifest: dict) -> str:
+    """What backend="auto" (the default) runs this bundle with on this machine's CPU, and why."""
+    from sam3track.backend_choice import ENV_BACKEND, cached_verdict, cpu_candidates
+
+    if os.environ.get(ENV_BACKEND, "auto") != "auto":
+        return f"auto: ${ENV_BACKEND}={os.environ[ENV_BACKEND]}"
+    if not cpu_candidates():
+        return "auto (default): onnxruntime fp32 on cpu (no other CPU path installed)"
+    verdict = cached_verdict(manifest)
+    if verdict is None:
+        return ("auto (default): not measured on this machine yet; the first load compares the installed CPU "
+                "paths with onnxruntime fp32 on a 3-frame clip (once) and keeps the fastest within tolerance")
+    label = verdict.backend + "".join(f" {k}={v}" for k, v in sorted(verdict.options.items()))
+    return f"auto (default): {label} on cpu; {verdict.reason}"
 
 
 def _fmt_axes(axes: Any) -> str:
@@ -201,6 +218,7 @@ def cmd_info(args: argparse.Namespace) -> int:
                                      if args.verify else "not verified (sam3track info --verify BUNDLE checks them)"))
     lines.append("backends")
     lines.extend(f"  {line}" for line in _backends_lines())
+    lines.append(f"  {_auto_line(manifest)}")
     print("\n".join(lines))
     return EXIT_OK
 

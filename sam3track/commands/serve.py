@@ -127,8 +127,8 @@ def add_parser(sub) -> argparse.ArgumentParser:
                        help="folder whose videos the page may open by path (nothing outside it; default: "
                             "uploads only)")
     _add_limits(serve)
-    serve.add_argument("--backend", default="onnxruntime", metavar="NAME", help="inference backend (default "
-                       "onnxruntime)")
+    serve.add_argument("--backend", default="auto", metavar="NAME", help="inference backend (default "
+                       "auto: the fastest path within the parity tolerances here, measured once and cached)")
     serve.add_argument("--device", default="cpu", metavar="NAME", help="device for the backend (default cpu)")
     serve.add_argument("--threads", type=int_at_least(1), default=None, metavar="N",
                        help="intra-op threads for the backend (default: the backend's own)")

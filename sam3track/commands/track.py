@@ -148,9 +148,10 @@ def _add_outputs(track: argparse.ArgumentParser) -> None:
 
 def _add_backend_options(track: argparse.ArgumentParser) -> None:
     """How the graphs run: backend, device, precision, shapes, threads, config overrides."""
-    track.add_argument("--backend", default="onnxruntime", metavar="NAME",
-                       help="inference backend: onnxruntime, openvino (CPU; pip install "
-                            "'sam3track[openvino]'), or acl for an OM bundle (default: onnxruntime)")
+    track.add_argument("--backend", default="auto", metavar="NAME",
+                       help="inference backend: auto (default: the fastest installed path whose masks stay "
+                            "within the parity tolerances of onnxruntime fp32 here, measured once and cached), "
+                            "onnxruntime, openvino (CPU; pip install 'sam3track[openvino]'), or acl for an OM bundle")
     track.add_argument("--device", default="cpu", metavar="NAME",
                        help="device for the backend: cpu, cuda:N or cann:N (onnxruntime), cpu (openvino), "
                             "npu:N (acl) (default: cpu)")

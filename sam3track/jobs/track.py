@@ -60,7 +60,7 @@ class TrackJob:
     masks_dir: PathLike | None = None
     start_frame: int = 0
     max_frames: int | None = None
-    backend: str = "onnxruntime"
+    backend: str = "auto"
     device: str = "cpu"
     load_options: dict = field(default_factory=dict)
     keep_timestamps: bool = False
@@ -116,7 +116,8 @@ def _run(guard: InterruptGuard, job: TrackJob, out: TextIO, err: TextIO, loaded:
         try:
             predictor = loaded if loaded is not None else _load(job, bundle_dir)
             try:
-                with predictor.start_session(reader) as session:  # the session does not close it
+                # one pass that never goes back: no store of what a later correction would read
+                with predictor.start_session(reader, keep_history=False) as session:  # it does not close reader
                     _add_prompts(session, job, plan)
                     return _write_outputs(guard, session, reader, job, plan, locks, out, err, report)
             finally:

@@ -92,8 +92,9 @@ class TrackerConfig:
     # no longer reads them; outside live streams they go to a host store, so that a correction on a
     # frame tracked long ago (or a pass started in the middle) reads what the reference reads. The
     # store keeps up to memory_store_ram_mib MiB in host memory, then up to memory_store_disk_mib MiB
-    # in a temporary folder (removed on close); beyond both the oldest go first. 0 and 0: no store
-    # (such reads use what the device still holds). docs/corrections.md has the sizes per config.
+    # in one unnamed temporary file (gone on close, or if the process dies); beyond both the oldest go
+    # first. 0 and 0: no store (such reads use what the device still holds); one-pass runs (the CLI,
+    # batch: start_session(keep_history=False)) keep none. docs/corrections.md has the sizes per config.
     memory_store_ram_mib: int = 256
     memory_store_disk_mib: int = 16384
 

@@ -90,8 +90,9 @@ class MemoryQuery:
 
 
 class MemoryBank:
-    def __init__(self, backend: Backend, config, memory_rows: int, pointer_rows: int):
-        """memory_rows, pointer_rows: the pools' fixed capacities (the zero row included)."""
+    def __init__(self, backend: Backend, config, memory_rows: int, pointer_rows: int, keep_history: bool = True):
+        """memory_rows, pointer_rows: the pools' fixed capacities (the zero row included). keep_history
+        False: no host store (a one-pass run never reads what it left behind)."""
         self.config = config
         hw = config.feature_grid ** 2
         self.memories = DevicePool(backend, (hw, config.memory_dim), memory_rows, name="memory pool")
@@ -99,7 +100,8 @@ class MemoryBank:
         self.objects: dict[int, ObjectMemory] = {}
         self.pinned_frames: set[int] = set()  # frames a later pass of the same call still reads
         # rows evicted from the pools: ("m" | "p", obj id, frame) -> memory row | pointer row + score
-        self.store = HostStore(config.memory_store_ram_mib * MIB, config.memory_store_disk_mib * MIB)
+        caps = (config.memory_store_ram_mib * MIB, config.memory_store_disk_mib * MIB) if keep_history else (0, 0)
+        self.store = HostStore(*caps)
 
     # ------------------------------------------------------------------------------- writing
     def add(self, obj_id: int, frame: int, entry: MemoryEntry, cond: bool) -> None:
@@ -156,7 +158,7 @@ class MemoryBank:
         if mem is not None:
             for entry in list(mem.cond.values()) + list(mem.non_cond.values()):
                 self._release(entry)
-        self.store.discard_where(lambda key: key[1] == obj_id)
+        self.store.discard_object(obj_id)
 
     def clear(self) -> None:
         """Forget every object; every pool row is free and zero again."""

@@ -26,7 +26,7 @@ class Sam3Session(SessionBase):
 
     box_prompts = "tracker"  # each box is an object of its own, decoded by the tracker
 
-    def __init__(self, predictor, source=None, owns_source: bool = False):
+    def __init__(self, predictor, source=None, owns_source: bool = False, keep_history: bool = True):
         self.predictor = predictor
         self.config = predictor.config
         self.backend = predictor.backend
@@ -43,7 +43,7 @@ class Sam3Session(SessionBase):
         self.objects = ObjectRegistry()
         self.clicks = ClickBook()  # every object's clicks and boxes, per frame
         self._clicked = None  # (frame, tracker head) of the frame the user is clicking on
-        self.bank = MemoryBank(self.backend, self.config, *self._pool_rows(predictor))
+        self.bank = MemoryBank(self.backend, self.config, *self._pool_rows(predictor), keep_history=keep_history)
         self.loop = FrameLoop(self.backend, predictor.graphs, self.config, self.bank, self.objects)
         self.stream_index = 0
         self._stream_size: tuple[int, int] | None = None

@@ -115,7 +115,8 @@ STREAM_FRAMES = 2 ** 31 - 1
 class Sam31Session(SessionBase):
     box_prompts = "detector"  # boxes are detector exemplars (Meta's SAM 3.1), not tracker objects (compat.py)
 
-    def __init__(self, predictor, source=None, owns_source: bool = False):
+    def __init__(self, predictor, source=None, owns_source: bool = False, keep_history: bool = True):
+        del keep_history  # SAM 3.1 keeps no host store: its corrections read what the device holds
         self.predictor, self.config, self.backend = predictor, predictor.config, predictor.backend
         self.source, self._owns_source = source, owns_source
         # a live stream (source None): the tracker is made at its first frame (the frame size), with
@@ -309,7 +310,7 @@ class Sam31Session(SessionBase):
         merged = dict(self.cached.get(frame, {}))
         merged[obj_id] = mask
         self.cached[frame] = merged
-        return self._postprocess(frame, merged, self.suppressed.get(frame, ()))
+        return self._postprocess(frame, merged, self.suppressed.get(frame, ()), prompted=obj_id)
 
     def _run(self, frame: int, reverse: bool, round_levels: bool, boxes: BoxPrompt | None = None) -> FrameOut:
         px = pixel_values(self.source.read(frame), self.config)
@@ -318,10 +319,13 @@ class Sam31Session(SessionBase):
         return out
 
     # ---------------------------------------------------------------------------------- results
-    def _postprocess(self, frame: int, obj_id_to_mask: dict[int, np.ndarray], hidden=(), scores=None) -> FrameResult:
+    def _postprocess(self, frame: int, obj_id_to_mask: dict[int, np.ndarray], hidden=(), scores=None,
+                     prompted: int | None = None) -> FrameResult:
         """Meta's _postprocess_output: sorted ids, empty and hidden masks dropped, object-wise
         non-overlap by tracker probability, boxes from the masks. scores: the obj_id_to_score the
-        frame's output carries (Meta snapshots it per frame; fetches read the current one)."""
+        frame's output carries (Meta snapshots it per frame; fetches read the current one).
+        prompted: the object a click call was for, kept even when empty (Meta drops it), so that the
+        call's result always names it: `r.object_ids[-1]` after a new object is its id."""
         h, w = (self.source.height, self.source.width) if self.source is not None else self._stream_size
         ids = sorted(obj_id_to_mask)
         if not ids:
@@ -332,6 +336,10 @@ class Sam31Session(SessionBase):
         probs = np.asarray([scores[o] for o in ids], np.float32)
         tracker_probs = np.asarray([frame_scores.get(o, 0.0) for o in ids], np.float32)
         keep = masks.reshape(len(ids), -1).any(1) & ~np.isin(ids, list(hidden))
+        if prompted is not None:
+            asked = np.asarray(ids) == prompted
+            masks[asked & ~keep] = False  # shown, but empty when hidden
+            keep |= asked
         ids = np.asarray(ids, np.int64)[keep]
         masks, probs, tracker_probs = masks[keep], probs[keep], tracker_probs[keep]
         masks = objectwise_non_overlap(masks, tracker_probs)

@@ -1,0 +1,263 @@
+"""backend="auto" (the default): which runtime and precision run a bundle on this machine, and why.
+
+Fixed rules first: $SAM3TRACK_BACKEND names a backend; an explicit precision= or shapes= means
+OpenVINO; an NPU device runs an OM bundle on acl; a GPU or CANN device runs ONNX Runtime. On a CPU,
+the candidates (OpenVINO bf16 where the CPU lists BF16, OpenVINO fp32) are measured against ONNX
+Runtime fp32, the path the parity tests hold to the reference: the same short synthetic clip, a text
+prompt and clicks that force three objects, tracked through both. A candidate passes the fidelity gate
+when the ids are equal on every frame and mask IoU has mean >= 0.99 and min >= 0.95 (the parity
+tolerances); the fastest passing path wins if it is faster per frame than ONNX Runtime at all.
+The verdict is kept in the user cache per machine (CPU model and flags), thread count, bundle (its
+graphs' sha256s) and package and runtime versions, so the gate runs once. docs/speed.md, "backend=auto".
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import platform
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+GATE_FRAMES = 4  # a conditioning frame and three propagated ones that read its memory
+IOU_MEAN, IOU_MIN = 0.99, 0.95  # tests/test_parity.py's tolerances
+MIN_GAIN = 0.9  # a candidate must take under 90% of ONNX Runtime's time per frame: noise is no reason
+SCHEMA = 1
+ENV_BACKEND = "SAM3TRACK_BACKEND"
+log = logging.getLogger("sam3track")
+
+
+@dataclass(frozen=True)
+class Candidate:
+    backend: str
+    options: dict = field(default_factory=dict)
+
+    @property
+    def label(self) -> str:
+        return self.backend + "".join(f" {k}={v}" for k, v in sorted(self.options.items()))
+
+
+BASELINE = Candidate("onnxruntime")
+
+
+@dataclass(frozen=True)
+class Choice:
+    """The path a load takes: a backend and its options, why, and what the gate measured (if it ran)."""
+    backend: str
+    options: dict
+    reason: str
+    measured: list = field(default_factory=list)  # per path: label, ms_per_frame, same_ids, iou_mean, iou_min
+
+
+def choose(bundle, device: str, threads: int | None, precision: str | None, shapes: str | None, gears,
+           open_predictor: Callable[[Candidate], object]) -> Choice:
+    """The path for backend="auto". open_predictor(candidate) loads the bundle on that path (only the
+    gate calls it, one path at a time, each closed before the next)."""
+    named = os.environ.get(ENV_BACKEND, "").strip()
+    if named and named != "auto":
+        from .backends import BACKENDS
+        from .errors import Sam3TrackError
+
+        if named not in BACKENDS + ("ort", "ov"):
+            raise Sam3TrackError(f"${ENV_BACKEND}={named!r} is not a backend; set it to one of "
+                                 f"{', '.join(BACKENDS)} or auto, or unset it")
+        return Choice(named, _asked(precision, shapes), f"${ENV_BACKEND}={named}")
+    if precision is not None or shapes is not None:
+        return Choice("openvino", _asked(precision, shapes), "precision=/shapes= are OpenVINO options")
+    if gears is not None:
+        return Choice("onnxruntime", {}, "gears= is an ONNX Runtime option")
+    device = str(device)
+    if device.startswith("npu"):
+        return Choice("acl", {}, f"device {device}: an OM bundle on pyacl")
+    if device != "cpu":
+        return Choice("onnxruntime", {}, f"device {device}: ONNX Runtime's execution provider for it")
+    candidates = cpu_candidates()
+    if not candidates:
+        return Choice("onnxruntime", {}, "ONNX Runtime fp32: no faster path installed (pip install "
+                                         "'sam3track[openvino]' to measure OpenVINO here)")
+    key = verdict_key(bundle.manifest, threads, candidates)
+    cached = _read(key)
+    if cached is not None:
+        log.info("backend=auto: %s %s (measured earlier on this machine): %s", cached["backend"],
+                 cached["options"], cached["reason"])
+        return Choice(**cached)
+    choice = run_gate(bundle, candidates, open_predictor)
+    _write(key, asdict(choice))
+    return choice
+
+
+def _asked(precision, shapes) -> dict:
+    return {k: v for k, v in (("precision", precision), ("shapes", shapes)) if v is not None}
+
+
+def cpu_candidates() -> list[Candidate]:
+    """The CPU paths worth measuring here, fastest first where each pays: bf16 only where OpenVINO
+    lists BF16 for this CPU (AMX, AVX512-BF16)."""
+    try:
+        from .backends.openvino import cpu_capabilities
+        bf16 = "BF16" in cpu_capabilities()
+    except Exception:  # openvino not installed, or a broken build: nothing to measure
+        return []
+    return ([Candidate("openvino", {"precision": "bf16"})] if bf16 else []) + [Candidate("openvino", {})]
+
+
+# --------------------------------------------------------------------------------- the gate
+def run_gate(bundle, candidates: list[Candidate], open_predictor) -> Choice:
+    """Track the gate clip through ONNX Runtime fp32 and each candidate; the fastest that passes."""
+    print(f"sam3track: backend=auto: measuring which path runs {bundle.root} fastest within the parity "
+          f"tolerances on this machine (once; {len(candidates) + 1} short runs of {GATE_FRAMES} frames; "
+          f"backend='onnxruntime' or ${ENV_BACKEND}=onnxruntime skips it) ...",
+          file=sys.stderr, flush=True)
+    frames, clicks = gate_clip(bundle.manifest)
+    base, base_ms = track_gate_clip(open_predictor(BASELINE), frames, clicks)
+    measured = [{"path": BASELINE.label, "ms_per_frame": base_ms, "same_ids": True, "iou_mean": 1.0, "iou_min": 1.0,
+                 "object_frames": sum(len(ids) for ids, _ in base)}]
+    best, best_ms = BASELINE, base_ms
+    for candidate in candidates:
+        try:
+            tracked, ms = track_gate_clip(open_predictor(candidate), frames, clicks)
+        except Exception as exc:  # a path that cannot run this bundle is not a candidate
+            measured.append({"path": candidate.label, "error": f"{type(exc).__name__}: {exc}"})
+            continue
+        same_ids, iou_mean, iou_min = compare(base, tracked)
+        passed = same_ids and iou_mean >= IOU_MEAN and iou_min >= IOU_MIN
+        measured.append({"path": candidate.label, "ms_per_frame": ms, "same_ids": same_ids,
+                         "iou_mean": iou_mean, "iou_min": iou_min, "passed": passed})
+        if passed and ms < best_ms * (MIN_GAIN if best is BASELINE else 1.0):
+            best, best_ms = candidate, ms
+    choice = Choice(best.backend, dict(best.options), _reason(best, measured), measured)
+    log.info("backend=auto chose %s: %s", best.label, choice.reason)
+    return choice
+
+
+def _reason(best: Candidate, measured: list) -> str:
+    base = measured[0]["ms_per_frame"]
+    parts = []
+    for m in measured[1:]:
+        if "error" in m:
+            parts.append(f"{m['path']} failed to run ({m['error']})")
+        else:
+            verdict = "within" if m["passed"] else "outside"
+            parts.append(f"{m['path']} {m['ms_per_frame'] / base:.2f}x the time, {verdict} the parity tolerances "
+                         f"(ids {'equal' if m['same_ids'] else 'differ'}, IoU mean {m['iou_mean']:.4f} min "
+                         f"{m['iou_min']:.4f})")
+    head = "ONNX Runtime fp32 (the reference's numerics)" if best == BASELINE else f"{best.label}: fastest within tolerance"
+    return f"{head}; measured against ONNX Runtime fp32: " + "; ".join(parts)
+
+
+def gate_clip(manifest: dict) -> tuple[np.ndarray, list[list[int]]]:
+    """GATE_FRAMES deterministic frames at the model's input size (textured background, a bright disc
+    moving right and a dark square moving down) and three clicks in frame 0: the disc, the square and
+    the background (whatever the model makes of each, three objects are tracked)."""
+    size = int(manifest["preprocessing"]["image_size"])
+    yy, xx = np.mgrid[0:size, 0:size].astype(np.float32) / size
+    background = 96 + 48 * np.sin(12 * xx) * np.cos(9 * yy)
+    frames = []
+    for t in range(GATE_FRAMES):
+        frame = np.repeat(background[..., None], 3, axis=2) * np.asarray([1.0, 0.9, 0.8], np.float32)
+        cx, cy = 0.35 + 0.04 * t, 0.4
+        frame[(xx - cx) ** 2 + (yy - cy) ** 2 < 0.02] = (235, 200, 60)
+        frame[(abs(xx - 0.7) < 0.1) & (abs(yy - (0.3 + 0.05 * t)) < 0.1)] = (30, 40, 90)
+        frames.append(frame.clip(0, 255).astype(np.uint8))
+    clicks = [[0.35, 0.4], [0.7, 0.3], [0.2, 0.8]]
+    return np.stack(frames), [[int(x * size), int(y * size)] for x, y in clicks]
+
+
+def track_gate_clip(predictor, frames: np.ndarray, clicks: list[list[int]]):
+    """Per frame (ids, masks), and the ms per frame of the propagation pass (results come out held
+    back by the hotstart delay, so the pass is timed whole); closes the predictor."""
+    with predictor, predictor.start_session(frames) as session:
+        session.add_prompt(frame_index=0, text="object")
+        for click in clicks:
+            session.add_prompt(frame_index=0, points=[click], labels=[1])
+        start = time.perf_counter()
+        out = [(r.object_ids.tolist(), {int(i): m for i, m in zip(r.object_ids, r.masks)})
+               for r in session.propagate()]
+        seconds = time.perf_counter() - start
+    return out, 1000 * seconds / max(len(out), 1)
+
+
+def compare(base, other) -> tuple[bool, float, float]:
+    """(ids equal on every frame, IoU mean, IoU min over the objects of every frame; empty-both is 1)."""
+    same = len(base) == len(other) and all(a[0] == b[0] for a, b in zip(base, other))
+    ious = []
+    for (ids, masks_a), (_, masks_b) in zip(base, other):
+        for i in ids:
+            a, b = masks_a[i], masks_b.get(i, np.zeros_like(masks_a[i]))
+            union = np.logical_or(a, b).sum()
+            ious.append(1.0 if union == 0 else float(np.logical_and(a, b).sum() / union))
+    return same, float(np.mean(ious)) if ious else 1.0, float(np.min(ious)) if ious else 1.0
+
+
+# ----------------------------------------------------------------------------- the verdicts
+def verdict_key(manifest: dict, threads: int | None, candidates: list[Candidate]) -> str:
+    """What the verdict depends on: the bundle's graphs, this CPU, the threads, the versions."""
+    from . import __version__
+
+    versions = {"sam3track": __version__}
+    for module in ("onnxruntime", "openvino"):
+        try:
+            versions[module] = __import__(module).__version__
+        except Exception:
+            versions[module] = None
+    graphs = {name: g.get("sha256") for name, g in manifest["graphs"].items()}
+    facts = {"schema": SCHEMA, "graphs": graphs, "cpu": cpu_identity(), "threads": threads,
+             "versions": versions, "candidates": [c.label for c in candidates]}
+    return hashlib.sha256(json.dumps(facts, sort_keys=True, default=str).encode()).hexdigest()[:24]
+
+
+def cpu_identity() -> str:
+    """This CPU's model name and the flags that change which kernels run."""
+    model, flags = platform.processor(), set()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name") and not model:
+                model = line.split(":", 1)[1].strip()
+            elif line.startswith("flags"):
+                flags = set(line.split(":", 1)[1].split())
+                break
+    except OSError:
+        pass
+    wanted = sorted(f for f in flags if f.startswith(("avx", "amx", "fma", "f16c", "sse4")))
+    return f"{model} {os.cpu_count()} cpus {' '.join(wanted)}"
+
+
+def verdict_folder() -> Path:
+    base = os.environ.get("SAM3TRACK_CACHE") or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "sam3track"
+    return Path(base) / "backend-choice"
+
+
+def cached_verdict(manifest: dict, threads: int | None = None) -> Choice | None:
+    """The verdict a CPU load with backend="auto" would reuse here, None if the gate has not run yet."""
+    candidates = cpu_candidates()
+    cached = _read(verdict_key(manifest, threads, candidates)) if candidates else None
+    return Choice(**cached) if cached is not None else None
+
+
+def _read(key: str) -> dict | None:
+    try:
+        value = json.loads((verdict_folder() / f"{key}.json").read_text())
+        Choice(**value)
+        return value
+    except (OSError, ValueError, TypeError):
+        return None  # absent, or unreadable: measure again
+
+
+def _write(key: str, value: dict) -> None:
+    """By rename, so concurrent loads read a whole verdict or none; a read-only home only costs the
+    next load the gate again."""
+    folder = verdict_folder()
+    temp = folder / f"{key}.{os.getpid()}.partial"
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        temp.write_text(json.dumps(value, sort_keys=True))
+        os.replace(temp, folder / f"{key}.json")
+    except OSError:
+        temp.unlink(missing_ok=True)

@@ -1,0 +1,113 @@
+"""backend="auto" (the default): the fidelity gate's decisions, its cached verdict, and the rules that
+skip it (explicit backend=, precision=, $SAM3TRACK_BACKEND). The suite otherwise pins onnxruntime
+(conftest.py); here that pin is removed and the verdicts go to a private cache folder."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import sam3track
+from sam3track import backend_choice as bc
+
+
+@pytest.fixture()
+def auto(monkeypatch, tmp_path):
+    monkeypatch.delenv(bc.ENV_BACKEND, raising=False)
+    monkeypatch.setenv("SAM3TRACK_CACHE", str(tmp_path / "cache"))
+    return tmp_path / "cache" / "backend-choice"
+
+
+def _frames(ids_and_masks):
+    return [(ids, {i: np.asarray(m, bool) for i, m in zip(ids, masks)}) for ids, masks in ids_and_masks]
+
+
+def test_the_gate_keeps_the_fastest_path_within_the_parity_tolerances(monkeypatch):
+    """Faster but outside tolerance loses; a path that fails to run is recorded, not fatal; equal masks
+    and 0.8x the time wins; a path under 10% faster than ONNX Runtime fp32 does not."""
+    box = np.zeros((8, 8), bool)
+    box[2:6, 2:6] = True
+    shifted = np.roll(box, 1, axis=1)  # IoU 0.6
+    base = _frames([([1], [box])] * 3)
+    runs = {"onnxruntime": (base, 100.0),
+            "openvino precision=bf16": (_frames([([1], [box]), ([1], [shifted]), ([1], [box])]), 50.0),
+            "broken": None, "openvino": (base, 80.0), "slightly": (base, 95.0)}
+
+    def track(predictor, frames, click):
+        if runs[predictor] is None:
+            raise RuntimeError("cannot compile")
+        return runs[predictor]
+
+    monkeypatch.setattr(bc, "track_gate_clip", track)
+    bundle = type("B", (), {"root": "b", "manifest": {"preprocessing": {"image_size": 16}}})()
+    candidates = [bc.Candidate("openvino", {"precision": "bf16"}), bc.Candidate("broken"),
+                  bc.Candidate("openvino"), bc.Candidate("slightly")]
+    choice = bc.run_gate(bundle, candidates, lambda c: c.label)
+    assert (choice.backend, choice.options) == ("openvino", {})
+    by_path = {m["path"]: m for m in choice.measured}
+    assert by_path["openvino precision=bf16"]["passed"] is False and by_path["openvino precision=bf16"]["iou_min"] < 0.95
+    assert "cannot compile" in by_path["broken"]["error"] and by_path["openvino"]["passed"]
+    assert "outside the parity tolerances" in choice.reason
+
+    runs["openvino"] = (base, 95.0)
+    assert bc.run_gate(bundle, candidates[2:], lambda c: c.label).backend == "onnxruntime"
+
+
+def test_ids_that_differ_on_one_frame_fail_the_gate():
+    box = np.ones((4, 4), bool)
+    same, mean, low = bc.compare(_frames([([1], [box]), ([1], [box])]), _frames([([1], [box]), ([2], [box])]))
+    assert not same and (mean, low) == (0.5, 0.0)  # object 1 is missing from the second frame
+    assert bc.compare(_frames([([1], [box])]), _frames([([1], [box])])) == (True, 1.0, 1.0)
+
+
+def test_auto_measures_once_per_machine_and_bundle_then_reuses_the_verdict(tiny_bundle, auto, capfd):
+    with sam3track.load(tiny_bundle) as p:
+        first = p.backend_choice
+    assert "backend=auto: measuring" in capfd.readouterr().err
+    paths = [m["path"] for m in first.measured]
+    assert paths == ["onnxruntime"] + [c.label for c in bc.cpu_candidates()]
+    assert all(m.get("passed", True) is (m["same_ids"] and m["iou_mean"] >= 0.99 and m["iou_min"] >= 0.95)
+               for m in first.measured if "error" not in m)
+    verdicts = list(auto.glob("*.json"))
+    assert len(verdicts) == 1
+    with sam3track.load(tiny_bundle) as p:
+        assert p.backend_choice == first
+        assert type(p.backend).__module__ == f"sam3track.backends.{first.backend}"
+    assert "measuring" not in capfd.readouterr().err
+
+    verdicts[0].write_text("{not json")  # a torn or foreign file is a miss: measured again, no error
+    with sam3track.load(tiny_bundle) as p:
+        assert p.backend_choice.measured
+    assert json.loads(verdicts[0].read_text())["backend"] == p.backend_choice.backend
+
+
+def test_an_explicit_choice_skips_the_gate(tiny_bundle, auto, monkeypatch):
+    with sam3track.load(tiny_bundle, backend="onnxruntime") as p:
+        assert p.backend_choice.reason == "backend= given" and not p.backend_choice.measured
+    with sam3track.load(tiny_bundle, precision="fp32") as p:
+        assert p.backend_choice.backend == "openvino" and p.backend_choice.options == {"precision": "fp32"}
+    monkeypatch.setenv(bc.ENV_BACKEND, "onnxruntime")
+    with sam3track.load(tiny_bundle) as p:
+        assert p.backend_choice.reason == "$SAM3TRACK_BACKEND=onnxruntime"
+    assert not auto.exists()  # nothing was measured
+    monkeypatch.setenv(bc.ENV_BACKEND, "onnx")
+    with pytest.raises(sam3track.Sam3TrackError, match=r"\$SAM3TRACK_BACKEND='onnx' is not a backend"):
+        sam3track.load(tiny_bundle)
+
+
+def test_info_says_what_auto_runs_here(tiny_bundle, auto):
+    def info():
+        return subprocess.run([sys.executable, "-m", "sam3track", "info", str(tiny_bundle)], capture_output=True,
+                              text=True, check=True).stdout
+
+    if not bc.cpu_candidates():
+        assert "auto (default): onnxruntime fp32" in info()
+        return
+    assert "not measured on this machine yet" in info()
+    with sam3track.load(tiny_bundle) as p:
+        label = p.backend_choice.backend
+    assert f"auto (default): {label}" in info()
