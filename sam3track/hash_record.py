@@ -26,7 +26,8 @@ class HashRecord:
     when the file's stat is unchanged, else computes (and records) it."""
 
     def __init__(self, folder: Path, setting=None):
-        self.folder = Path(folder).resolve()
+        self.given = Path(folder)  # files are named relative to it (a symlinked graph may resolve elsewhere)
+        self.folder = self.given.resolve()
         root = cache_folder(setting)
         key = hashlib.sha256(str(self.folder).encode()).hexdigest()[:32]
         self.path = root / "hashes" / f"{key}.json" if root is not None else None
@@ -36,7 +37,7 @@ class HashRecord:
 
     def known(self, path: Path) -> str | None:
         """The recorded sha256 of `path` when its stat is what it was then, else None."""
-        entry = self.files.get(str(Path(path).resolve().relative_to(self.folder)))
+        entry = self.files.get(self._name(path))
         try:
             if isinstance(entry, list) and len(entry) == 5 and entry[:4] == _stamp(path):
                 return entry[4]
@@ -50,9 +51,12 @@ class HashRecord:
             stamp = _stamp(path)
             digest = compute(path)
             if _stamp(path) == stamp:  # not recorded when the file changed while it was read
-                self.files[str(Path(path).resolve().relative_to(self.folder))] = stamp + [digest]
+                self.files[self._name(path)] = stamp + [digest]
                 self.changed = True
         return digest
+
+    def _name(self, path: Path) -> str:
+        return Path(path).relative_to(self.given).as_posix()
 
     def save(self) -> None:
         if self.path is not None and self.changed:
