@@ -15,9 +15,11 @@ _moved.install()  # old paths of modules that moved into families/sam3 (sam3trac
 def load(bundle_dir, backend: str = "auto", device: str = "cpu", **options):
     """Load a bundle and return a Predictor (see sam3track.predictor.Predictor); its start_session gives a
     TrackingSession, whichever family the bundle holds."""
+    from .load_notice import loading
     from .predictor import Predictor
 
-    return Predictor.load(bundle_dir, backend=backend, device=device, **options)
+    with loading():  # a slow load says on stderr what it is doing (load_notice.py)
+        return Predictor.load(bundle_dir, backend=backend, device=device, **options)
 
 
 __all__ = ["load", "FrameResult", "TrackingSession", "Sam3TrackError", "ArgumentError", "BackendError",

@@ -7,14 +7,17 @@ describes geometry (image size, feature grid, widths) that the graphs themselves
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
 
+from . import load_notice
 from .errors import BundleError
 from .families import family_of
+from .hash_record import HashRecord
 
 # 2: graph inputs are int32 / float32 (no int64 or bool); 3: interactive_decoder, memory_encoder's
 # via_image, the tracker's multimask settings (older bundles lack them: export again)
@@ -47,7 +50,8 @@ class Bundle:
     manifest: dict
 
     @classmethod
-    def open(cls, root, verify: bool = True) -> "Bundle":
+    def open(cls, root, verify: bool = True, cache=None) -> "Bundle":
+        """cache: where the sha256s checked are recorded (user_cache.cache_folder's setting)."""
         root = Path(root)
         path = root / "manifest.json"
         if not root.is_dir():
@@ -94,20 +98,28 @@ class Bundle:
         if family.check_geometry:  # SAM 3's geometry keys; a SAM 3.1 manifest describes its graphs otherwise
             bundle.check_geometry()
         if verify:
-            bundle.verify()
+            bundle.verify(cache)
         return bundle
 
-    def verify(self) -> None:
-        """Compare every graph and tokenizer file with its recorded sha256."""
-        for name, g in self.manifest["graphs"].items():
-            for file, expected in g["sha256"].items():
-                if file_sha256(self.root / file) != expected:
-                    raise BundleError(f"checksum mismatch for {self.root / file} (graph {name}): the file is "
-                                      "corrupted or was changed; export the bundle again")
+    def verify(self, cache=None) -> None:
+        """Compare every graph and tokenizer file with its recorded sha256; files unchanged since a load
+        checked them (size, times, inode: hash_record.py) are not read again."""
         tok = self.manifest["tokenizer"]
-        for file, expected in tok.get("sha256", {}).items():
-            if file_sha256(self.root / tok["dir"] / file) != expected:
-                raise BundleError(f"checksum mismatch for {self.root / tok['dir'] / file}; export the bundle again")
+        files = [(self.root / file, expected, f" (graph {name})") for name, g in self.manifest["graphs"].items()
+                 for file, expected in g["sha256"].items()]
+        files += [(self.root / tok["dir"] / file, expected, "") for file, expected in tok.get("sha256", {}).items()]
+        record = HashRecord(self.root, cache)
+        todo = [path for path, _, _ in files if record.known(path) is None]
+        size = sum(path.stat().st_size for path in todo if path.is_file())
+        what = f"checking the sha256 of {len(todo)} files ({size / 1e9:.1f} GB) of {self.root}"
+        with load_notice.step(what) if todo else contextlib.nullcontext():
+            try:
+                for path, expected, which in files:
+                    if record.sha256(path, file_sha256) != expected:
+                        raise BundleError(f"checksum mismatch for {path}{which}: the file is corrupted or was "
+                                          "changed; export the bundle again")
+            finally:
+                record.save()
 
     # ----------------------------------------------------------------------------- geometry
     def expected_dims(self) -> dict[tuple[str, str], dict[int, int]]:

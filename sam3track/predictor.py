@@ -10,6 +10,7 @@ import numpy as np
 
 from .backend_choice import Choice, choose
 from .backends import create_backend
+from .backends.compile_cache import CompileCache
 from .bundle import Bundle
 from .call_sizes import default_gears
 from .families.sam3.config import TrackerConfig
@@ -40,7 +41,7 @@ class Predictor:
     @classmethod
     def load(cls, bundle_dir, backend: str = "auto", device: str = "cpu", verify: bool = True,
              threads: int | None = None, gears=None, precision: str | None = None,
-             shapes: str | None = None, **config_overrides) -> "Predictor":
+             shapes: str | None = None, compile_cache=None, **config_overrides) -> "Predictor":
         """Open and check a bundle, then load its graphs. Keyword overrides change TrackerConfig fields,
         e.g. mask_nms=False, fill_holes=False to compare with transformers.
 
@@ -60,13 +61,16 @@ class Predictor:
         again for each new set of call shapes, about 2 s a graph at mid size, then up to 40% faster
         per call): for long videos and streams.
         gears (onnxruntime only): "compiled" runs an OM bundle's gears on ONNX Runtime, or
-        {axis: sizes} pads every call to those sizes, so CPU runs take the Ascend padding path."""
+        {axis: sizes} pads every call to those sizes, so CPU runs take the Ascend padding path.
+        compile_cache: None (default: on, unless SAM3TRACK_COMPILE_CACHE=0), True, False, or a folder:
+        where optimised graphs and checked sha256s are kept between loads (docs/speed.md, "Load time")."""
         if not isinstance(bundle_dir, (str, os.PathLike)):
             raise BundleError(f"load() takes the path of a bundle directory, not {type(bundle_dir).__name__}; "
                               "export one with python -m graphs.export")
-        bundle = Bundle.open(Path(bundle_dir), verify=verify)
+        bundle = Bundle.open(Path(bundle_dir), verify=verify, cache=compile_cache)
         config = bundle.family.config_from_manifest(bundle.manifest, **config_overrides)
         options = {"threads": threads} if threads is not None else {}
+        options["compile_cache"] = CompileCache.for_bundle(bundle, compile_cache)
         choice = None
         if backend == "auto":
             choice = choose(bundle, device, threads, precision, shapes, gears,
@@ -82,8 +86,8 @@ class Predictor:
         if gears is not None:
             options["gears"] = gears
         predictor = cls(bundle, create_backend(backend, device, **options), config)
-        predictor.backend_choice = choice or Choice(backend, {k: v for k, v in options.items() if k != "threads"},
-                                                    "backend= given")
+        predictor.backend_choice = choice or Choice(
+            backend, {k: v for k, v in options.items() if k not in ("threads", "compile_cache")}, "backend= given")
         return predictor
 
     def start_session(self, source=None, keep_history: bool = True) -> TrackingSession:

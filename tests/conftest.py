@@ -20,6 +20,21 @@ def pytest_configure(config):
     # class. tests/test_backend_choice.py tests "auto" itself (it removes this variable).
     os.environ["SAM3TRACK_BACKEND"] = "onnxruntime"
     _size_xdist_worker_threads()
+    _private_compile_cache(config)
+
+
+def _private_compile_cache(config) -> None:
+    """The compile cache (sam3track/backends/compile_cache.py) in a folder of this test process, removed
+    at its end: tests never write the user's cache, and never read what an earlier run left there. Child
+    processes the tests start inherit it."""
+    if os.environ.get("SAM3TRACK_CACHE"):
+        return
+    import shutil
+    import tempfile
+
+    folder = tempfile.mkdtemp(prefix="sam3track-test-cache-")
+    os.environ["SAM3TRACK_CACHE"] = folder
+    config.add_cleanup(lambda: shutil.rmtree(folder, ignore_errors=True))
 
 
 def _size_xdist_worker_threads() -> None:

@@ -1,17 +1,20 @@
 """ONNX Runtime backend: IOBinding with OrtValues, so features and memory stay on the device.
 
 Views into pools are bound by raw pointer (base + row offset), so a graph writes its outputs straight
-into the memory bank's pools and reads them back without any copy.
+into the memory bank's pools and reads them back without any copy. Graphs open from the compile cache
+(compile_cache.py) when the load gives one; the graphs it defers get their session at their first run.
 """
 
 from __future__ import annotations
 
 import os
+import threading
 import time
 import weakref
 
 import numpy as np
 
+from .. import load_notice
 from ..errors import BackendError, BundleError, Sam3TrackError
 from .base import Backend, DeviceTensor, Graph
 
@@ -46,15 +49,28 @@ def threads_within_affinity() -> int | None:
 
 
 class OrtGraph(Graph):
-    def __init__(self, name: str, session, gears: dict[str, tuple[int, ...]]):
+    def __init__(self, name: str, session, gears: dict[str, tuple[int, ...]], io: dict | None = None,
+                 opener=None):
+        """session: the graph's InferenceSession; or None for a deferred graph, described by `io`
+        (compile_cache._io_of's record) until opener() makes its session at the first run."""
         self.name = name
         self.session = session
-        self.input_names = tuple(i.name for i in session.get_inputs())
-        self.output_names = tuple(o.name for o in session.get_outputs())
-        tensors = list(session.get_inputs()) + list(session.get_outputs())
-        self.shapes = {t.name: tuple(d if isinstance(d, int) else None for d in t.shape) for t in tensors}
-        self.dims = {t.name: tuple(t.shape) for t in tensors}
+        self.opener = opener
+        self.lock = threading.Lock()  # one thread makes a deferred session; the others wait for it
+        if session is not None:
+            io = {"inputs": [[t.name, t.shape] for t in session.get_inputs()],
+                  "outputs": [[t.name, t.shape] for t in session.get_outputs()]}
+        self.input_names = tuple(n for n, _ in io["inputs"])
+        self.output_names = tuple(n for n, _ in io["outputs"])
+        tensors = list(io["inputs"]) + list(io["outputs"])
+        self.shapes = {n: tuple(d if isinstance(d, int) else None for d in dims) for n, dims in tensors}
+        self.dims = {n: tuple(dims) for n, dims in tensors}
         self.sizes = dict(gears)
+
+    @property
+    def loaded(self) -> bool:
+        """Whether the graph has its session (a deferred one gets it at its first run)."""
+        return self.session is not None
 
 
 class _Storage:
@@ -72,12 +88,15 @@ class _Storage:
 class OnnxRuntimeBackend(Backend):
     name = "onnxruntime"
 
-    def __init__(self, device: str = "cpu", threads: int | None = None, gears=None):
+    def __init__(self, device: str = "cpu", threads: int | None = None, gears=None, compile_cache=None):
         """threads: intra_op_num_threads (None: ONNX Runtime's default, one per core, or as many as the
         CPUs this process may run on when its affinity is narrower, see threads_within_affinity). gears: None
         (every call at its own size), "compiled" (an OM bundle's gears, so CPU runs take the padding and
-        chunking path an Ascend run takes), or {axis: sizes} for every graph."""
+        chunking path an Ascend run takes), or {axis: sizes} for every graph. compile_cache: a
+        compile_cache.CompileCache (the predictor makes one per bundle), or None: every graph optimised
+        from its file at load."""
         super().__init__()
+        self._cache = compile_cache
         self._gears = _check_gears(gears)
         import onnxruntime as ort
 
@@ -93,7 +112,7 @@ class OnnxRuntimeBackend(Backend):
         self.device_id = int(index or 0)
         self._ort = ort
         self._providers = [provider] if provider == "CPUExecutionProvider" else [provider, "CPUExecutionProvider"]
-        self._options = ort.SessionOptions()
+        self._options = ort.SessionOptions()  # the settings every session gets (_session_options)
         self._options.log_severity_level = 3
         threads = threads or DEFAULT_THREADS or threads_within_affinity()
         if threads:
@@ -119,18 +138,82 @@ class OnnxRuntimeBackend(Backend):
             gears = dict(self._gears)
             if compiled is not None:  # an OM bundle's ATC-ready graph is static on its fixed axes
                 gears.update({axis: tuple(sizes) for axis, sizes in compiled["axes"].items() if len(sizes) == 1})
+        cache = self._cache
+        entry = cache.ort_entry(self._ort, name, self._providers) if cache is not None else None
+        hit = cache.ort_lookup(entry) if entry is not None else None
+        if hit is None:
+            graph = OrtGraph(name, self._optimise(name, path, entry), gears)
+        elif name in cache.deferred:  # checked now, its session made at the first run
+            graph = OrtGraph(name, None, gears, hit[1], opener=lambda: self._open_saved(name, path, entry, hit[0]))
+        else:
+            graph = OrtGraph(name, self._open_saved(name, path, entry, hit[0]), gears)
+        self._graphs.append(graph)
+        return graph
+
+    def _session_options(self, optimise: bool):
+        options = self._ort.SessionOptions()  # a fresh one per session: saving and levels differ per graph
+        options.log_severity_level = self._options.log_severity_level
+        options.intra_op_num_threads = self._options.intra_op_num_threads
+        if not optimise:  # a graph the compile cache saved optimised already
+            options.graph_optimization_level = self._ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+        return options
+
+    def _open_saved(self, name: str, path: str, entry, model: str):
+        """The session of the optimised graph the compile cache saved; one that does not open is removed
+        from the cache and the graph optimised from `path` again."""
         try:
-            session = self._ort.InferenceSession(path, sess_options=self._options, providers=self._providers)
+            session = self._ort.InferenceSession(model, sess_options=self._session_options(False),
+                                                 providers=self._providers)
+        except Exception as exc:  # a damaged entry is a miss, never a failed load
+            self._cache.drop(model, str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+            return self._optimise(name, path, entry)
+        return self._checked(name, session)
+
+    def _optimise(self, name: str, path: str, entry):
+        """The session of graph `path`, optimised now (and saved into the compile cache's `entry`)."""
+        writer = self._cache.ort_writer(entry) if entry is not None else None
+        where = f" into the cache {entry.parent} (once per bundle, ONNX Runtime version and CPU)" if writer else ""
+        try:
+            with load_notice.step(f"optimising graph {name} for ONNX Runtime{where}"):
+                options = self._session_options(True)
+                if writer is not None:
+                    writer.configure(options)
+                try:
+                    session = self._ort.InferenceSession(path, sess_options=options, providers=self._providers)
+                except Exception:
+                    if writer is None:
+                        raise
+                    writer.abandon()  # perhaps the saving that failed (a full disk): once more without it
+                    writer = None
+                    session = self._ort.InferenceSession(path, sess_options=self._session_options(True),
+                                                         providers=self._providers)
         except Exception as exc:
             raise BundleError(f"onnxruntime cannot load graph {name} from {path}: {exc}") from exc
+        if writer is not None:
+            writer.commit(session, path)
+        return self._checked(name, session)
+
+    def _checked(self, name: str, session):
         # ONNX Runtime falls back to the CPU, with only a log line, when a provider's libraries are
         # missing (onnxruntime-cann without libascendcl.so: ascend.md section 5); never run there silently.
         if session.get_providers()[0] != self.provider:
             raise BackendError(f"onnxruntime could not start {self.provider} for graph {name} and fell back to "
                                f"{', '.join(session.get_providers())}; {_INSTALL_HINTS.get(self.provider, '')}")
-        graph = OrtGraph(name, session, gears)
-        self._graphs.append(graph)
-        return graph
+        return session
+
+    def _session_of(self, graph: OrtGraph):
+        """The graph's session, made now when the load deferred it."""
+        session = graph.session
+        if session is None:
+            with graph.lock:
+                self._check_open()
+                if graph.session is None:
+                    if graph.opener is None:
+                        raise BackendError(f"internal error: graph {graph.name!r} was not loaded by this "
+                                           "onnxruntime backend; please report this")
+                    graph.session, graph.opener = graph.opener(), None
+                session = graph.session
+        return session
 
     # ---------------------------------------------------------------------------------- tensors
     def _wrap(self, ortvalue) -> DeviceTensor:
@@ -266,7 +349,8 @@ class OnnxRuntimeBackend(Backend):
         self._check_open()
         outputs = outputs or {}
         self.calls[graph.name] += 1
-        io = graph.session.io_binding()  # a fresh binding per run: nothing aliases a previous result
+        session = self._session_of(graph)
+        io = session.io_binding()  # a fresh binding per run: nothing aliases a previous result
         for name in graph.input_names:
             if name not in inputs:
                 raise Sam3TrackError(f"graph {graph.name} needs input {name!r}")
@@ -280,7 +364,7 @@ class OnnxRuntimeBackend(Backend):
             else:
                 io.bind_output(name, self.device_type, self.device_id)
         started = time.perf_counter()
-        graph.session.run_with_iobinding(io)
+        session.run_with_iobinding(io)
         self.seconds[graph.name] += time.perf_counter() - started
         result = {}
         for name, ov in zip(graph.output_names, io.get_outputs()):
@@ -289,7 +373,8 @@ class OnnxRuntimeBackend(Backend):
 
     def close(self) -> None:
         for graph in self._graphs:
-            graph.session = None  # the InferenceSession goes with its last reference
+            with graph.lock:  # never while another thread makes a deferred session
+                graph.session = graph.opener = None  # the InferenceSession goes with its last reference
         self._graphs.clear()
         self._copy_sessions.clear()
         for storage in list(self._storages):

@@ -3,9 +3,10 @@
 One compiled model and infer request per graph; outputs named in `outputs=` are written straight into the
 caller's views, every other output into a fresh tensor. Options: shapes="dynamic" (default) or "static"
 (compiled again per new call shape, faster calls), precision="fp32" (default, always set) or "bf16" (CPUs
-that list BF16), cache_dir= (OpenVINO's compiled-model cache). The design: docs/architecture.md, "The
-OpenVINO backend"; what static shapes and bf16 gain and cost, and which quantised graphs load:
-docs/speed.md, "CPU fast paths".
+that list BF16), cache_dir= (OpenVINO's compiled-model cache; by default the compile cache's folder of the
+bundle, compile_cache.py). Graphs the load defers are read at load and compiled at their first run. The
+design: docs/architecture.md, "The OpenVINO backend"; what static shapes and bf16 gain and cost, and which
+quantised graphs load: docs/speed.md, "CPU fast paths".
 """
 
 from __future__ import annotations
@@ -19,8 +20,10 @@ from collections import OrderedDict
 import numpy as np
 import openvino as ov
 
+from .. import load_notice
 from ..errors import BackendError, BundleError, Sam3TrackError
 from .base import Backend, DeviceTensor, Graph
+from .compile_cache import STATS as CACHE_STATS
 
 _VERSION = ov.__version__.split("-")[0]  # "2026.4.1" of "2026.4.1-22982-...-releases/2026/4"
 PRECISIONS = ("fp32", "bf16")
@@ -32,16 +35,19 @@ MAX_STATIC_SHAPES = 32  # per graph, with shapes="static": compiled models kept 
 
 
 class OvGraph(Graph):
-    def __init__(self, name: str, model, compiled, gears: dict[str, tuple[int, ...]], compile_for=None):
+    def __init__(self, name: str, model, compiled, gears: dict[str, tuple[int, ...]], compile_for=None,
+                 deferred=None):
         """model: the graph as read (its ports carry the ONNX names; compiling can merge other tensor
         names into them); compiled: the same graph compiled with its dynamic axes, ports in the same
         order, or None with shapes="static", where compile_for(model, input shapes) compiles a copy of
-        the model reshaped to those shapes."""
+        the model reshaped to those shapes, or None for a graph the load deferred: deferred(model)
+        compiles it at its first run."""
         self.name = name
         self.model = model
         self.compiled = compiled
         self.request = compiled.create_infer_request() if compiled is not None else None  # reused by every run
         self.compile_for = compile_for
+        self.deferred = deferred
         self.static: OrderedDict[tuple, tuple] = OrderedDict()  # input shapes -> (compiled, request), LRU order
         self.lock = threading.Lock()
         # ports are bound by index, in the order the ONNX graph declares them
@@ -56,6 +62,9 @@ class OvGraph(Graph):
 
     def request_for(self, shapes: tuple) -> tuple:
         """(infer request, its compiled model) for a call with these input shapes; called under the lock."""
+        if self.compiled is None and self.deferred is not None:  # a deferred graph's first run
+            self.compiled, self.deferred = self.deferred(self.model), None
+            self.request = self.compiled.create_infer_request()
         if self.compile_for is None:
             return self.request, self.compiled
         entry = self.static.get(shapes)
@@ -79,7 +88,7 @@ class OvGraph(Graph):
         return ov.Tensor(port.get_element_type(), list(dims))
 
     def release(self) -> None:
-        self.request = self.compiled = None  # OpenVINO releases them with their last reference
+        self.request = self.compiled = self.deferred = None  # OpenVINO releases them with their last reference
         self.static.clear()
         self.loaded = False
 
@@ -100,12 +109,14 @@ class OpenVinoBackend(Backend):
     name = "openvino"
 
     def __init__(self, device: str = "cpu", threads: int | None = None, precision: str | None = None,
-                 cache_dir: str | os.PathLike | None = None, shapes: str | None = None):
+                 cache_dir: str | os.PathLike | None = None, shapes: str | None = None, compile_cache=None):
         """device: "cpu". threads: OpenVINO's INFERENCE_NUM_THREADS (None: OpenVINO's default, every
         core). precision: "fp32" (default) or "bf16" (CPUs whose OPTIMIZATION_CAPABILITIES list BF16:
         AMX, AVX512-BF16). cache_dir: a folder for OpenVINO's compiled-model cache (None: no cache).
         shapes: "dynamic" (default: one compile per graph) or "static" (one compile per graph and
-        distinct input shapes, faster runs; see the module docstring)."""
+        distinct input shapes, faster runs; see the module docstring). compile_cache: the load's
+        compile_cache.CompileCache: its folder of the bundle is the CACHE_DIR when cache_dir is unset,
+        and its deferred graphs are compiled at their first run."""
         super().__init__()
         shapes = "dynamic" if shapes is None else shapes
         if shapes not in SHAPES:
@@ -131,6 +142,9 @@ class OpenVinoBackend(Backend):
                         "PERFORMANCE_HINT": "LATENCY"}  # one request at a time, all cores on it
         if threads:
             self._config["INFERENCE_NUM_THREADS"] = int(threads)
+        self._deferred = compile_cache.deferred if compile_cache is not None else frozenset()
+        if cache_dir is None and compile_cache is not None:
+            cache_dir = _usable(compile_cache.openvino_dir(_VERSION))
         if cache_dir is not None:
             self._config["CACHE_DIR"] = str(cache_dir)
         self.compile_seconds: dict[str, float] = {}  # graph name -> read + compile time
@@ -164,6 +178,8 @@ class OpenVinoBackend(Backend):
                 return compiled
 
             graph = OvGraph(name, model, None, gears, compile_for)
+        elif name in self._deferred:  # read (and so checked) now, compiled at its first run
+            graph = OvGraph(name, model, None, gears, deferred=lambda model: self._compile(name, path, model, ""))
         else:
             graph = OvGraph(name, model, self._compile(name, path, model, ""), gears)
         self.compile_seconds[name] = time.perf_counter() - started
@@ -172,7 +188,8 @@ class OpenVinoBackend(Backend):
 
     def _compile(self, name: str, path: str, model, where: str):
         try:
-            return self._core.compile_model(model, self.device, self._config)
+            with load_notice.step(f"compiling graph {name} for OpenVINO{where}"):
+                return self._core.compile_model(model, self.device, self._config)
         except Exception as exc:
             hint = "run it with backend='onnxruntime'"
             # OpenVINO's ONNX frontend reads QuantizeLinear/DequantizeLinear pairs as FakeQuantize
@@ -316,6 +333,20 @@ class OpenVinoBackend(Backend):
         for storage in list(self._storages):
             storage.tensor = storage.bytes = None
         self.closed = True
+
+
+def _usable(folder):
+    """`folder` when it can be made and written, else None (a read-only cache: compile without one)."""
+    if folder is None:
+        return None
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        if os.access(folder, os.W_OK):
+            return folder
+    except OSError:
+        pass
+    CACHE_STATS["unwritable"] += 1
+    return None
 
 
 _SHARED_CORE = None

@@ -24,6 +24,9 @@ class Family:
     config_from_manifest: Callable  # (manifest, **overrides) -> config
     session_class: Callable  # () -> the Session class (imported on first use: loading a bundle needs none)
     check_geometry: bool  # the bundle's SAM 3 geometry checks apply
+    # graphs a text-prompted first frame may not run (clicks, boxes, births): a load checks them and
+    # makes their session at their first run (backends/compile_cache.py)
+    deferred_graphs: tuple[str, ...] = ()
 
 
 def _sam3() -> Family:
@@ -34,7 +37,8 @@ def _sam3() -> Family:
         from .sam3.session import Sam3Session
         return Sam3Session
 
-    return Family(SAM3, sam3.REQUIRED_GRAPHS, sam3.REQUIRED_KEYS, TrackerConfig.from_manifest, session, True)
+    return Family(SAM3, sam3.REQUIRED_GRAPHS, sam3.REQUIRED_KEYS, TrackerConfig.from_manifest, session, True,
+                  ("interactive_decoder", "mask_init"))
 
 
 def _sam31() -> Family:
@@ -45,7 +49,7 @@ def _sam31() -> Family:
         return Sam31Session
 
     return Family(SAM31, config.REQUIRED_GRAPHS, config.REQUIRED_KEYS, config.Sam31Config.from_manifest,
-                  session, False)
+                  session, False, ("interactive_decoder", "mask_init", "box_grounding_head"))
 
 
 # manifest "family" -> its Family (absent means SAM 3: bundles from before SAM 3.1 carry no name)

@@ -1,0 +1,229 @@
+"""What a runtime optimises or compiles from a bundle's graphs, kept on disk so the next load skips it, and
+which graphs a load may leave for their first use.
+
+ONNX Runtime (CPU provider): ONNX Runtime's "offline mode". A miss makes the graph's session as before, at
+the full optimisation level, and has ONNX Runtime save the optimised graph while it does (weights in a side
+file); that session is the one that runs, so a cold load costs one save more than a load without the cache.
+A hit opens the saved graph with optimisations off, its weights already pre-packed for the CPU kernels. A graph optimised at the full level holds layouts and
+fusions of this CPU, so the key holds the CPU's model and flags. The entry also records the graph's inputs
+and outputs, so a deferred graph (`deferred`: the ones a text-prompted first frame may not run) is checked
+at load and its session made at its first run. Other providers (CUDA, CANN) are not cached. OpenVINO: its
+own compiled-model cache (CACHE_DIR), in a folder of the bundle.
+
+An entry is keyed by the graph's sha256s from the manifest, the runtime and its version, the providers and
+the CPU (not the thread count, which only sizes pools). It is written in a private folder and renamed into
+place, so concurrent loads each see a whole entry or none; an entry that fails to open, or whose files
+changed size or time, is removed and written again. Layout and numbers: docs/speed.md, "Load time".
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import secrets
+import shutil
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+from ..user_cache import cache_folder, read_json
+
+SCHEMA = 1  # bump when an entry's layout or meaning changes: older entries are then never read
+ENTRY = "entry.json"  # written last inside the entry; lists its files with their sizes and times
+STALE_PARTIAL_SECONDS = 3600.0  # a private folder this old belongs to a killed load
+
+# what the caches of this process did ("hit", "written", "unusable"): the tests read it, not the clock
+STATS: Counter[str] = Counter()
+
+
+def _digest(value) -> str:
+    return hashlib.sha256(json.dumps(value, sort_keys=True).encode()).hexdigest()[:32]
+
+
+class CompileCache:
+    """The cache entries of one bundle's graphs under `root` (None: no cache), and the graphs the load may
+    defer to their first run."""
+
+    def __init__(self, root: Path | None, digests: dict[str, dict[str, str]], deferred=()):
+        self.root = Path(root) if root is not None else None
+        self.digests = digests  # graph name -> {file: sha256}, from the manifest
+        self.deferred = frozenset(deferred)
+
+    @classmethod
+    def for_bundle(cls, bundle, setting=None) -> "CompileCache":
+        """setting: None (on unless SAM3TRACK_COMPILE_CACHE=0), True, False or a folder (user_cache)."""
+        manifest = bundle.manifest
+        return cls(cache_folder(setting), {name: dict(g.get("sha256", {})) for name, g in manifest["graphs"].items()},
+                   getattr(bundle.family, "deferred_graphs", ()))
+
+    @property
+    def enabled(self) -> bool:
+        return self.root is not None
+
+    def entry(self, runtime: str, name: str, options: dict) -> Path:
+        key = _digest({"schema": SCHEMA, "graph": name, "files": self.digests.get(name, {}), "options": options})
+        return self.root / runtime / f"{name}-{key}"
+
+    def openvino_dir(self, version: str) -> Path | None:
+        """OpenVINO's CACHE_DIR for this bundle (None: no cache). OpenVINO keys its blobs by model and
+        config itself; one folder per bundle content keeps them findable (and removable) by bundle."""
+        if self.root is None:
+            return None
+        return self.root / f"openvino-{version}" / _digest({"schema": SCHEMA, "graphs": self.digests})
+
+    # ------------------------------------------------------------------------------ onnxruntime
+    def ort_entry(self, ort, name: str, providers: list[str]) -> Path | None:
+        """Graph `name`'s entry folder, or None when the cache is off or the provider is not cached."""
+        if self.root is None or providers != ["CPUExecutionProvider"]:
+            return None
+        return self.entry(f"onnxruntime-{ort.__version__}", name, {"providers": providers, "cpu": cpu_key(),
+                                                                    "saved": "all+prepacked"})
+
+    def ort_lookup(self, entry: Path | None) -> tuple[str, dict] | None:
+        """(saved graph, its inputs and outputs) of a whole entry; None on a miss."""
+        record = _valid_record(entry) if entry is not None else None
+        if record is None or not isinstance(record.get("io"), dict):
+            return None
+        STATS["hit"] += 1
+        return str(entry / "model.onnx"), record["io"]
+
+    def ort_writer(self, entry: Path | None) -> "EntryWriter | None":
+        """A private folder to save graph `entry` into, or None when the cache is off or unwritable."""
+        if entry is None:
+            return None
+        temp = entry.with_name(f"{entry.name}.{os.getpid()}.{secrets.token_hex(4)}.partial")
+        try:
+            entry.parent.mkdir(parents=True, exist_ok=True)
+            _remove_stale_partials(entry)
+            temp.mkdir()
+        except OSError as exc:
+            _warn(f"cannot write the compile cache in {entry.parent} ({_first_line(exc)}); loading without it")
+            return None
+        return EntryWriter(entry, temp)
+
+    def drop(self, model: str, why: str) -> None:
+        """Remove the entry holding `model` (a saved graph from ort_lookup that failed to open)."""
+        _remove(Path(model).parent, why)
+
+
+class EntryWriter:
+    """One entry being written: ONNX Runtime saves the graph into `temp` while it makes the session
+    (configure), then commit() records the files and renames the folder into place."""
+
+    def __init__(self, entry: Path, temp: Path):
+        self.entry, self.temp = entry, temp
+
+    def configure(self, options) -> None:
+        options.optimized_model_filepath = str(self.temp / "model.onnx")
+        # weights in a side file: a graph over 2 GB cannot be one protobuf
+        options.add_session_config_entry("session.optimized_model_external_initializers_file_name", "model.data")
+        options.add_session_config_entry("session.optimized_model_external_initializers_min_size_in_bytes",
+                                         "1024")
+        # and the weights as the CPU kernels pre-pack them (MatMul's packed B): a hit maps them instead of
+        # packing again. Full size: the backbone opens in 1.9-2.1 s instead of 2.5-2.8 s, the whole warm load
+        # in 3.8 s instead of 4.7-5.1 s, for twice the disk (both forms are kept) and a slower first save.
+        options.add_session_config_entry("session.save_external_prepacked_constant_initializers", "1")
+
+    def commit(self, session, source: str) -> bool:
+        try:
+            if not (self.temp / "model.onnx").is_file():
+                raise OSError("ONNX Runtime saved no optimised graph")
+            (self.temp / ENTRY).write_text(json.dumps({"files": _files_record(self.temp), "source": source,
+                                                       "io": _io_of(session), "written": time.time()},
+                                                      sort_keys=True))
+            try:
+                os.rename(self.temp, self.entry)
+            except OSError:
+                if not (self.entry / ENTRY).is_file():  # not another load's whole entry: a real failure
+                    raise
+                self.abandon()  # another load wrote the same entry first: theirs stays
+            STATS["written"] += 1
+            return True
+        except OSError as exc:
+            self.abandon()
+            _warn(f"cannot write the compile cache in {self.entry.parent} ({_first_line(exc)}); loaded without it")
+            return False
+
+    def abandon(self) -> None:
+        shutil.rmtree(self.temp, ignore_errors=True)
+
+
+def cpu_key() -> str:
+    """The CPU a graph optimised at the full level was made for: model name and instruction-set flags."""
+    global _CPU_KEY
+    if _CPU_KEY is None:
+        try:
+            lines = Path("/proc/cpuinfo").read_text().splitlines()
+            wanted = [next((ln for ln in lines if ln.startswith(k)), "") for k in ("model name", "flags")]
+        except OSError:  # not Linux: what the platform says
+            import platform
+
+            wanted = [platform.processor(), platform.machine()]
+        _CPU_KEY = _digest(wanted)
+    return _CPU_KEY
+
+
+_CPU_KEY: str | None = None
+
+
+def _files_record(folder: Path) -> dict:
+    return {p.name: [p.stat().st_size, p.stat().st_mtime_ns] for p in sorted(folder.iterdir()) if p.name != ENTRY}
+
+
+def _valid_record(entry: Path) -> dict | None:
+    """The entry's record when it is whole and unchanged; None (and the entry removed) otherwise."""
+    record = read_json(entry / ENTRY)
+    if record is None:
+        if entry.exists():
+            _remove(entry, "it has no readable entry.json")
+        return None
+    try:
+        same = record.get("files") == _files_record(entry)
+    except OSError:
+        same = False
+    if not same:
+        _remove(entry, "its files changed size or time since it was written")
+        return None
+    return record
+
+
+def _io_of(session) -> dict:
+    """A session's inputs and outputs as JSON: [[name, dims], ...] (a dim: a size, a name or None)."""
+    return {kind: [[t.name, list(t.shape)] for t in tensors]
+            for kind, tensors in (("inputs", session.get_inputs()), ("outputs", session.get_outputs()))}
+
+
+def _remove_stale_partials(entry: Path) -> None:
+    now = time.time()
+    for stale in entry.parent.glob(f"{entry.name}.*.partial"):
+        try:
+            if now - stale.stat().st_mtime > STALE_PARTIAL_SECONDS:
+                shutil.rmtree(stale, ignore_errors=True)
+        except OSError:
+            pass
+
+
+def _remove(entry: Path, why: str) -> None:
+    STATS["unusable"] += 1
+    _warn(f"compile cache entry {entry} is unusable ({why}); optimising the graph again")
+    # a rename first, so a concurrent load never opens a half-removed folder under the entry's name
+    doomed = entry.with_name(f"{entry.name}.{os.getpid()}.{secrets.token_hex(4)}.removed.partial")
+    try:
+        os.rename(entry, doomed)
+    except OSError:
+        return  # gone already, another load is replacing it, or a read-only cache (then it stays a miss)
+    shutil.rmtree(doomed, ignore_errors=True)
+
+
+def _first_line(exc: Exception) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def _warn(message: str) -> None:
+    try:
+        print(f"sam3track: {message}", file=sys.stderr, flush=True)
+    except (OSError, ValueError):
+        pass

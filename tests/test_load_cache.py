@@ -1,0 +1,185 @@
+"""The load cache (sam3track/backends/compile_cache.py, hash_record.py), deferred graphs and the stderr
+notice of a slow load, on the tiny bundle. Hits and misses are read from the cache's counters and files,
+never from the clock."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import sam3track
+from sam3track import load_notice
+from sam3track.backends.compile_cache import STATS
+from sam3track.video import open_video
+
+from .conftest import CLIPS, REPO, communicate
+
+GRAPHS = 7  # the tiny SAM 3 bundle's graphs
+DEFERRED = {"interactive_decoder", "mask_init"}
+
+
+@pytest.fixture(scope="module")
+def frames():
+    with open_video(CLIPS / "bikes.mp4") as video:
+        return np.stack([video.read(i) for i in range(76, 78)])
+
+
+def _load(bundle, cache, **kw):
+    """A load into `cache`, and what the cache did meanwhile."""
+    before = STATS.copy()
+    predictor = sam3track.load(bundle, compile_cache=cache, **kw)
+    return predictor, {k: STATS[k] - before[k] for k in ("hit", "written", "unusable") if STATS[k] - before[k]}
+
+
+def _entries(cache):
+    return sorted(p for p in (cache / f"onnxruntime-{_ort_version()}").iterdir() if not p.name.endswith(".partial"))
+
+
+def _ort_version():
+    import onnxruntime
+
+    return onnxruntime.__version__
+
+
+def _masks(predictor, frames):
+    with predictor.start_session(frames) as s:
+        s.add_prompt(text="bike")
+        return [(r.object_ids.copy(), r.masks.copy(), r.scores.copy()) for r in s.propagate()]
+
+
+def test_second_load_hits_the_cache_and_tracks_the_same(tiny_bundle, frames, tmp_path):
+    cache = tmp_path / "cache"
+    first, did = _load(tiny_bundle, cache)
+    assert did == {"written": GRAPHS}
+    assert len(_entries(cache)) == GRAPHS and len(list((cache / "hashes").iterdir())) == 1
+    first.close()
+    second, did = _load(tiny_bundle, cache)
+    assert did == {"hit": GRAPHS}
+    cached = _masks(second, frames)
+    second.close()
+    with sam3track.load(tiny_bundle, compile_cache=False) as plain:
+        direct = _masks(plain, frames)
+    assert len(cached) == len(direct) == len(frames) and any(len(ids) for ids, _, _ in cached)
+    for a, b in zip(cached, direct):  # the same graph optimised the same way: equal to the bit
+        for x, y in zip(a, b):
+            np.testing.assert_array_equal(x, y)
+
+
+def test_recorded_sha256s_still_catch_a_changed_file(tiny_bundle, tmp_path):
+    import shutil
+
+    from sam3track.bundle import Bundle
+
+    bundle = tmp_path / "bundle"
+    shutil.copytree(tiny_bundle, bundle)
+    Bundle.open(bundle, cache=tmp_path / "cache")
+    record = json.loads(next((tmp_path / "cache" / "hashes").iterdir()).read_text())
+    assert len(record["files"]) == GRAPHS + 2  # and the tokenizer's two files
+    with open(bundle / "mask_init.onnx", "r+b") as f:  # same size, new content and times
+        f.seek(100)
+        f.write(b"\0" * 16)
+    with pytest.raises(sam3track.BundleError, match="checksum mismatch for .*mask_init.onnx"):
+        Bundle.open(bundle, cache=tmp_path / "cache")
+
+
+def test_deferred_graphs_open_at_first_use_and_close_with_the_rest(tiny_bundle, frames, tmp_path):
+    predictor, _ = _load(tiny_bundle, tmp_path / "cache")
+    assert all(g.loaded for g in predictor.graphs.values())  # a cold load: every graph optimised (and saved)
+    predictor.close()
+    predictor, _ = _load(tiny_bundle, tmp_path / "cache")
+    assert {n for n, g in predictor.graphs.items() if not g.loaded} == DEFERRED
+    graphs = dict(predictor.graphs)
+    with predictor.start_session(frames) as s:
+        s.add_prompt(frame_index=0, points=[[40, 30]], labels=[1], obj_id=1)
+    assert graphs["interactive_decoder"].loaded and not graphs["mask_init"].loaded  # clicks only
+    predictor.close()
+    assert not any(g.loaded for g in graphs.values())  # the never-opened one included
+    with pytest.raises(sam3track.BackendError, match="closed"):
+        predictor.backend.run(graphs["mask_init"], {})
+
+
+def test_concurrent_loads_into_one_empty_cache(tiny_bundle, tmp_path):
+    cache = tmp_path / "cache"
+    code = ("import json, sam3track; from sam3track.backends.compile_cache import STATS; "
+            f"sam3track.load({str(tiny_bundle)!r}, compile_cache={str(cache)!r}).close(); print(json.dumps(STATS))")
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    procs = [subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True, env=env) for _ in range(2)]
+    outs = [communicate(p, "a concurrent load") for p in procs]
+    for proc, (out, err) in zip(procs, outs):
+        assert proc.returncode == 0, err
+        assert "unusable" not in json.loads(out.splitlines()[-1]), err
+    assert len(_entries(cache)) == GRAPHS
+    assert not list((cache / f"onnxruntime-{_ort_version()}").glob("*.partial"))
+    predictor, did = _load(tiny_bundle, cache)
+    predictor.close()
+    assert did == {"hit": GRAPHS}
+
+
+def test_damaged_entries_are_misses_and_written_again(tiny_bundle, tmp_path):
+    cache = tmp_path / "cache"
+    sam3track.load(tiny_bundle, compile_cache=cache).close()
+    entries = {e.name.split("-")[0]: e / "model.onnx" for e in _entries(cache)}
+    truncated, garbled = entries["backbone"], entries["grounding_head"]
+    truncated.write_bytes(truncated.read_bytes()[:100])  # its size no longer the recorded one
+    stat = garbled.stat()  # garbage with the size and times the entry recorded: only opening it finds out
+    garbled.write_bytes(b"\xff" * stat.st_size)
+    os.utime(garbled, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    predictor, did = _load(tiny_bundle, cache)
+    # the truncated one a miss; the garbled one found, failing to open, dropped: both optimised and written again
+    assert did == {"unusable": 2, "written": 2, "hit": GRAPHS - 1}
+    assert predictor.graphs["grounding_head"].loaded
+    predictor.close()
+    predictor, did = _load(tiny_bundle, cache)
+    predictor.close()
+    assert did == {"hit": GRAPHS}
+
+
+def test_opt_out_writes_nothing(tiny_bundle, tmp_path, monkeypatch):
+    monkeypatch.setenv("SAM3TRACK_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("SAM3TRACK_COMPILE_CACHE", "0")
+    predictor, did = _load(tiny_bundle, None)
+    assert did == {} and not (tmp_path / "cache").exists()
+    assert all(g.loaded for g in predictor.graphs.values())  # nothing to describe a deferred graph: all loaded
+    predictor.close()
+
+
+def test_an_unwritable_cache_folder_still_loads(tiny_bundle, tmp_path, capfd):
+    # a file where the folder would be: every write fails, as in a read-only home (root ignores modes)
+    blocked = tmp_path / "not-a-folder"
+    blocked.write_text("")
+    predictor, did = _load(tiny_bundle, blocked / "cache")
+    predictor.close()
+    assert did == {}
+    assert "cannot write the compile cache" in capfd.readouterr().err
+
+
+def test_a_slow_load_says_what_it_does(tiny_bundle, tmp_path, capfd, monkeypatch):
+    cache = tmp_path / "cache"
+    monkeypatch.setattr(load_notice, "NOTICE_AFTER", 0.0)  # every step counts as slow
+    sam3track.load(tiny_bundle, compile_cache=cache).close()
+    err = capfd.readouterr().err
+    assert "sam3track: checking the sha256 of" in err
+    assert "sam3track: optimising graph backbone for ONNX Runtime into the cache" in err
+    monkeypatch.setattr(load_notice, "NOTICE_AFTER", 60.0)  # far above a tiny load, however loaded the machine
+    sam3track.load(tiny_bundle, compile_cache=cache).close()
+    assert "sam3track:" not in capfd.readouterr().err
+
+
+def test_bad_setting_names_what_is_accepted(tiny_bundle):
+    with pytest.raises(sam3track.Sam3TrackError, match="compile_cache must be True, False, None or a folder"):
+        sam3track.load(tiny_bundle, compile_cache=3)
+
+
+def test_openvino_compiles_deferred_graphs_at_first_use_into_its_cache(tiny_bundle, tmp_path):
+    pytest.importorskip("openvino")
+    cache = tmp_path / "cache"
+    with sam3track.load(tiny_bundle, backend="openvino", compile_cache=cache) as predictor:
+        assert {n for n, g in predictor.graphs.items() if g.compiled is None} == DEFERRED
+        folders = list(cache.glob("openvino-*/*"))
+        assert len(folders) == 1 and any(folders[0].iterdir())  # OpenVINO's blobs, in the bundle's folder
