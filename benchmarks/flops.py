@@ -155,16 +155,41 @@ def profiled_shapes(model: onnx.ModelProto, feeds: dict) -> Shapes:
         session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
         session.run(None, feeds)
         events = json.loads(Path(session.end_profiling()).read_text())
-    out = Shapes(source="onnxruntime profile")
+    outs = {}
     for e in events:
-        if e.get("cat") != "Node" or not e["name"].endswith("_kernel_time"):
+        if e.get("cat") == "Node" and e["name"].endswith("_kernel_time"):
+            outs[e["name"][: -len("_kernel_time")]] = e["args"].get("output_type_shape", [])
+    return _by_value_name(model, feeds, outs)
+
+
+def _by_value_name(model: onnx.ModelProto, feeds: dict, outs: dict) -> Shapes:
+    """Shapes keyed by node from the profiled nodes' outputs (``outs``: node name -> [{dtype: shape}]): every
+    input is looked up by its value's name (the profile leaves out some constant inputs, e.g. the weights
+    ConvTranspose prepacks), among the feeds, the initializers, Constant nodes and the profiled outputs."""
+    values = {k: (list(np.shape(v)), np.asarray(v).dtype.name) for k, v in feeds.items()}
+    for node, _ in _walk(model.graph):
+        if node.op_type == "Constant" and node.attribute and node.attribute[0].type == onnx.AttributeProto.TENSOR:
+            t = node.attribute[0].t
+            values[node.output[0]] = (list(t.dims), onnx.helper.tensor_dtype_to_np_dtype(t.data_type).name)
+        for attr in node.attribute:
+            if attr.type == onnx.AttributeProto.GRAPH:
+                values.update(_initializer_values(attr.g))
+        for name, t in zip([o for o in node.output if o], outs.get(node.name, [])):
+            dtype, shape = next(iter(t.items()))
+            values[name] = (shape, dtype)
+    values.update(_initializer_values(model.graph))
+    out = Shapes(source="onnxruntime profile")
+    for node, _ in _walk(model.graph):
+        if node.name not in outs:
             continue
-        name, args = e["name"][: -len("_kernel_time")], e["args"]
-        out.inputs[name] = [next(iter(t.values())) for t in args.get("input_type_shape", [])]
-        outs = args.get("output_type_shape", [])
-        out.outputs[name] = [next(iter(t.values())) for t in outs]
-        out.output_dtypes[name] = [next(iter(t)) for t in outs]
+        out.inputs[node.name] = [values.get(i, (None, None))[0] if i else None for i in node.input]
+        out.outputs[node.name] = [values.get(o, (None, None))[0] for o in node.output]
+        out.output_dtypes[node.name] = [values.get(o, (None, None))[1] for o in node.output]
     return out
+
+
+def _initializer_values(graph: onnx.GraphProto) -> dict:
+    return {i.name: (list(i.dims), onnx.helper.tensor_dtype_to_np_dtype(i.data_type).name) for i in graph.initializer}
 
 
 def _einsum_flops(equation: str, shapes: list) -> int:
