@@ -221,7 +221,7 @@ def profile_case(runtime: str, path: Path, feeds: dict, threads: int | None, cal
     shares = collections.Counter()
     for op, ms in p["by_op_ms"].items():
         shares[_kernel_class(op)] += ms / total
-    top = sorted(p["by_op_ms"].items(), key=lambda kv: -kv[1])[:6]
+    top = sorted(p["by_op_ms"].items(), key=lambda kv: -kv[1])[:12]
     gemm_ms = sum(ms for op, ms in p["by_op_ms"].items() if _kernel_class(op) in ("gemm", "fused"))
     return {"profiled_ms": round(total, 2), "gemm_ms": round(gemm_ms, 3),
             "shares": {k: round(shares[k], 3) for k in ("gemm", "fused", "copy", "other")},
@@ -310,6 +310,7 @@ def markdown(r: dict) -> str:
                           if r["peaks"].get(rt)) + ".", ""]
     lines += _table(r["rows"], s["runtimes"])
     lines += _profile_table(r["rows"])
+    lines += _op_rates(r)
     return "\n".join(lines) + "\n"
 
 
@@ -333,6 +334,34 @@ def _table(rows: list[dict], runtimes: list[str]) -> list[str]:
     return lines + [""]
 
 
+ORT_FUSED = {"FusedMatMul": "MatMul", "FusedConv": "Conv"}  # ONNX Runtime's fused kernels -> the graph's op
+
+
+def _op_rates(r: dict) -> list[str]:
+    """ONNX Runtime only (its kernels keep the graph's op types): GFLOP/s of each GEMM-class op type, its
+    counted FLOPs over its profiled time."""
+    counts = {(c["graph"], c["size"]): c["by_op"] for c in r["counts"]}
+    lines = []
+    for row in r["rows"]:
+        if row["runtime"] != "ort" or "profile" not in row:
+            continue
+        ms = collections.Counter()
+        for op, t in row["profile"]["top_ops_ms"].items():
+            ms[ORT_FUSED.get(op, op)] += t
+        by_op = counts[(row["graph"], row["size"])]
+        rates = [f"{op} {by_op[op]['gemm'] / 1e9:.1f} GFLOP in {ms[op]:,.0f} ms = "
+                 f"{by_op[op]['gemm'] / (ms[op] / 1000) / 1e9:.0f} GFLOP/s"
+                 for op in sorted(by_op, key=lambda o: -by_op[o]["gemm"]) if by_op[op]["gemm"] and ms.get(op)]
+        if rates:
+            lines.append(f"| {row['graph']} | {row['size']} | " + "; ".join(rates) + " |")
+    if not lines:
+        return []
+    return ["## ONNX Runtime: GFLOP/s of each GEMM-class op type", "",
+            "Counted FLOPs of the op type over its profiled kernel time (fused MatMul/Conv kernels counted as "
+            f"their op; the MatMul peak: {_num(r['peaks'].get('ort'))} GFLOP/s).", "",
+            "| graph | size | op types |", "|---|---|---|", *lines, ""]
+
+
 def _profile_table(rows: list[dict]) -> list[str]:
     profiled = [r for r in rows if "profile" in r]
     if not profiled:
@@ -350,10 +379,10 @@ def _profile_table(rows: list[dict]) -> list[str]:
     for row in sorted(profiled, key=lambda x: (x["graph"], x["size"], x["runtime"])):
         p, g = row["profile"], row.get("gemm_kernel_gflops")
         of_peak = f" ({g / row['peak_gflops']:.2f})" if g and row["peak_gflops"] else ""
-        top = ", ".join(f"{k} {v:.1f}" for k, v in list(p["top_ops_ms"].items())[:4])
+        top = ", ".join(f"{k} {v:,.1f}" for k, v in list(p["top_ops_ms"].items())[:4])
         kernels = ", ".join(f"{k} {v:.1f}" for k, v in list(p["gemm_kernels_ms"].items())[:3]) or "-"
         lines.append(f"| {row['graph']} | {row['size']} | {LABEL[row['runtime']]} | {p['shares']['gemm']:.2f} | "
-                     f"{p['shares']['fused']:.2f} | {p['shares']['copy']:.2f} | {p['shares']['other']:.2f} | {_num(g, 1)}{of_peak} | {top} | "
+                     f"{p['shares'].get('fused', 0):.2f} | {p['shares']['copy']:.2f} | {p['shares']['other']:.2f} | {_num(g, 1)}{of_peak} | {top} | "
                      f"{kernels} |")
     return lines + [""]
 
@@ -427,12 +456,21 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--bandwidth-mib", type=int, default=256, help="array size of the bandwidth passes")
     p.add_argument("--profile-calls", type=int, default=3, help="profiled calls per case (median per op type)")
     p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--report", action="store_true", help="only rewrite roofline.md and .png from --out's results.json")
     return p
+
+
+def write_report(r: dict, out: Path) -> None:
+    (out / "roofline.md").write_text(markdown(r))
+    plot(r, out / "roofline.png")
 
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
+    if args.report:  # results.json -> roofline.md and roofline.png again
+        write_report(json.loads((args.out / "results.json").read_text()), args.out)
+        return 0
 
     def log(msg: str) -> None:
         print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
@@ -472,8 +510,7 @@ def main(argv: list[str] | None = None) -> int:
     r["machine"]["peak_rss_mb"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
     r["finished"] = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
     (args.out / "results.json").write_text(json.dumps(r, indent=1, default=str))
-    (args.out / "roofline.md").write_text(markdown(r))
-    plot(r, args.out / "roofline.png")
+    write_report(r, args.out)
     log(f"wrote {args.out}/results.json, roofline.md, roofline.png")
     return 0
 
