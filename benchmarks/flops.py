@@ -166,7 +166,8 @@ def _by_value_name(model: onnx.ModelProto, feeds: dict, outs: dict) -> Shapes:
     """Shapes keyed by node from the profiled nodes' outputs (``outs``: node name -> [{dtype: shape}]): every
     input is looked up by its value's name (the profile leaves out some constant inputs, e.g. the weights
     ConvTranspose prepacks), among the feeds, the initializers, Constant nodes and the profiled outputs."""
-    values = {k: (list(np.shape(v)), np.asarray(v).dtype.name) for k, v in feeds.items()}
+    values = {**_initializer_values(model.graph),
+              **{k: (list(np.shape(v)), np.asarray(v).dtype.name) for k, v in feeds.items()}}
     for node, _ in _walk(model.graph):
         if node.op_type == "Constant" and node.attribute and node.attribute[0].type == onnx.AttributeProto.TENSOR:
             t = node.attribute[0].t
@@ -177,7 +178,11 @@ def _by_value_name(model: onnx.ModelProto, feeds: dict, outs: dict) -> Shapes:
         for name, t in zip([o for o in node.output if o], outs.get(node.name, [])):
             dtype, shape = next(iter(t.items()))
             values[name] = (shape, dtype)
-    values.update(_initializer_values(model.graph))
+        if node.name not in outs and node.op_type in ("Cast", "Identity") and node.input[0] in values:
+            # ONNX Runtime removes redundant Casts even unoptimised: their outputs keep their inputs' shapes
+            to = next((a.i for a in node.attribute if a.name == "to"), None)
+            dtype = onnx.helper.tensor_dtype_to_np_dtype(to).name if to else values[node.input[0]][1]
+            values[node.output[0]] = (values[node.input[0]][0], dtype)
     out = Shapes(source="onnxruntime profile")
     for node, _ in _walk(model.graph):
         if node.name not in outs:
@@ -221,6 +226,8 @@ def _attention_flops(node: onnx.NodeProto, ins: list, outs: list) -> tuple[int, 
 def node_cost(node: onnx.NodeProto, ins: list, outs: list, out_dtypes: list | None = None) -> tuple[int, int, int]:
     """(gemm FLOPs, other FLOPs, copy bytes) of one node from its input and output shapes (module docstring)."""
     op, out_elems = node.op_type, _prod(outs[0]) if outs and outs[0] is not None else 0
+    if op in GEMM_OPS and (not ins or ins[0] is None or (op != "MultiHeadAttention" and ins[1] is None)):
+        raise TypeError(f"{node.name}: an input's shape is unknown")
     if op in ("MatMul", "MatMulInteger", "QLinearMatMul", "FusedMatMul"):
         return 2 * out_elems * ins[0][-1], 0, 0
     if op == "Gemm":
