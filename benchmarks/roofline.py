@@ -11,10 +11,11 @@ grounding head and text encoder once per call at one image or prompt):
   MatMul, Gemm, Conv, ConvTranspose, Einsum, attention products; the element-wise/softmax/norm term apart);
   bytes moved = weights + inputs + outputs, a lower bound (bf16 runtimes: the weights at 2 bytes);
 - the call's time on each runtime (``graph_speed.session``: ONNX Runtime fp32, OpenVINO f32, OpenVINO bf16
-  dynamic and static shapes), repetitions interleaved over every case after a warm-up call, medians [min-max];
+  dynamic and static shapes), runtime by runtime (one runtime's sessions open at a time: memory), repetitions
+  interleaved over the runtime's cases after a warm-up call each, medians [min-max];
 - the machine's peaks, measured in the same run through the same runtimes: the best GFLOP/s of a 4096 x 1024
-  x 2048 MatMul per runtime (``graph_speed.matmul_throughput``), and the memory bandwidth (best of a numpy
-  copy and an ONNX Runtime element-wise Add over 256 MiB arrays);
+  x 2048 MatMul per runtime (``graph_speed.matmul_throughput``), just before that runtime's calls, and the
+  memory bandwidth (best of a numpy copy and an ONNX Runtime element-wise Add over 256 MiB arrays);
 - achieved GFLOP/s = GEMM FLOPs / median time, the roofline = min(peak, intensity * bandwidth), and the
   fraction achieved / roofline (1.0: on the roofline; the issue's target is >= 1/1.5 = 0.67);
 - where the time goes, from one profiled call per case (ONNX Runtime's profiler; OpenVINO's per-layer
@@ -29,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import gc
 import json
 import os
 import platform
@@ -117,12 +119,20 @@ def count_cases(bundle: Path, manifest: dict, cases: list, memories: int, pointe
 
 
 def time_cases(bundle: Path, manifest: dict, cases: list, runtimes: list[str], feeds: dict, reps: int,
-               threads: int | None, log=print) -> dict:
-    """(runtime, graph, size) -> {"median_ms", "min_ms", "max_ms", "ms"}: one warm-up call per case (static
-    variants compile for the case's shapes first), then ``reps`` repetitions interleaved over every case."""
-    runs = {}
+               threads: int | None, matmul_shape: tuple, log=print) -> tuple[dict, dict]:
+    """Runtime by runtime: its MatMul peak (``graph_speed.matmul_throughput``), then one warm-up call per case
+    (static variants compile for the case's shapes first) and ``reps`` repetitions interleaved over its cases;
+    its sessions are closed before the next runtime's open (at mid, 64 objects, all runtimes' sessions at
+    once went past 23 GB RSS and were killed). The peak is measured just before the calls it is compared
+    with, so a change in the machine's load between runtimes moves both. Returns (timings, matmul results):
+    timings (runtime, graph, size) -> {"median_ms", "min_ms", "max_ms", "ms"}."""
+    timings, matmul = {}, {"shape": list(matmul_shape), "gflops": {}, "best_gflops": {}}
     for runtime in runtimes:
-        plain = {}
+        peak = matmul_throughput(reps, threads, *matmul_shape, runtimes=(runtime,))
+        for key in ("gflops", "best_gflops"):
+            matmul[key].update(peak.get(key, {}))
+        log(f"  {runtime}: MatMul {matmul['best_gflops'].get(runtime)} GFLOP/s (best), load {_load()}")
+        runs, plain = {}, {}
         for graph, size in cases:
             path = bundle / manifest["graphs"][graph]["file"]
             if runtime.endswith("-static"):
@@ -134,15 +144,18 @@ def time_cases(bundle: Path, manifest: dict, cases: list, runtimes: list[str], f
             run(feeds[(graph, size)])
             log(f"  warm-up {runtime} {graph} x{size}: {time.perf_counter() - started:.2f} s")
             runs[(runtime, graph, size)] = run
-    ms = {key: [] for key in runs}
-    for rep in range(reps):
-        for key, run in runs.items():
-            started = time.perf_counter()
-            run(feeds[key[1:]])
-            ms[key].append((time.perf_counter() - started) * 1000)
-        log(f"  repetition {rep + 1}/{reps} done, load {_load()}")
-    return {key: {"median_ms": statistics.median(v), "min_ms": min(v), "max_ms": max(v), "ms": v}
-            for key, v in ms.items()}
+        ms = {key: [] for key in runs}
+        for rep in range(reps):
+            for key, run in runs.items():
+                started = time.perf_counter()
+                run(feeds[key[1:]])
+                ms[key].append((time.perf_counter() - started) * 1000)
+            log(f"  {runtime}: repetition {rep + 1}/{reps} done, load {_load()}")
+        timings.update({key: {"median_ms": statistics.median(v), "min_ms": min(v), "max_ms": max(v), "ms": v}
+                        for key, v in ms.items()})
+        del runs, plain, run
+        gc.collect()
+    return timings, matmul
 
 
 def _kernel_class(op: str) -> str:
@@ -295,9 +308,10 @@ def markdown(r: dict) -> str:
              + ", ".join(f"{k} {v}" for k, v in m["versions"].items()) + ".", "",
              f"**Calls:** bundle `{s['bundle']}`; per-object graphs at {', '.join(map(str, s['objects']))} objects, "
              f"each reading {s['memories']} memories and {s['pointers']} object pointers; the others once per call "
-             f"(one image, one prompt). {s['reps']} interleaved repetitions after a warm-up call, threads: "
+             f"(one image, one prompt). Runtime by runtime (each one's MatMul peak measured just before its calls), "
+             f"{s['reps']} repetitions interleaved over its cases after a warm-up call each, threads: "
              f"{s['threads'] or 'each runtime default'}.", ""]
-    lines += ["## Peaks (measured in this run, through the same runtimes)", "",
+    lines += ["## Peaks (measured in this run, through the same runtimes, before each runtime's calls)", "",
               "| runtime | precision | MatMul " + "x".join(map(str, r["matmul"]["shape"])) + ", best GFLOP/s | "
               "median GFLOP/s |", "|---|---|---|---|"]
     for rt in s["runtimes"]:
@@ -487,17 +501,16 @@ def main(argv: list[str] | None = None) -> int:
          "started": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()), "machine": machine(),
          "settings": {"bundle": bundle.name, "graphs": graphs, "objects": objects, "memories": memories,
                       "pointers": pointers, "runtimes": runtimes, "reps": args.reps, "threads": args.threads}}
-    log(f"peaks: MatMul per runtime, memory bandwidth (load {_load()})")
-    m, k, n = (int(x) for x in args.matmul_shape.split(","))
-    r["matmul"] = matmul_throughput(args.reps, args.threads, m, k, n, runtimes=tuple(runtimes))
+    log(f"memory bandwidth (load {_load()})")
     r["bandwidth"] = memory_bandwidth(args.reps, args.threads, args.bandwidth_mib)
-    r["peaks"] = {rt: r["matmul"]["best_gflops"].get(rt) for rt in runtimes}
-    log(f"  {r['peaks']}, {r['bandwidth']}")
+    log(f"  {r['bandwidth']}")
     log("counting FLOPs and bytes")
     counts = count_cases(bundle, manifest, cases, memories, pointers, log)
     feeds = {case: call_feeds(manifest, *case, memories, pointers) for case in cases}
     log("timing")
-    timings = time_cases(bundle, manifest, cases, runtimes, feeds, args.reps, args.threads, log)
+    shape = tuple(int(x) for x in args.matmul_shape.split(","))
+    timings, r["matmul"] = time_cases(bundle, manifest, cases, runtimes, feeds, args.reps, args.threads, shape, log)
+    r["peaks"] = {rt: r["matmul"]["best_gflops"].get(rt) for rt in runtimes}
     profiles = {}
     for (runtime, graph, size) in timings:
         if size <= args.profile_max:
