@@ -43,7 +43,7 @@ from pathlib import Path
 import numpy as np
 
 from benchmarks.flops import count_graph
-from benchmarks.graph_speed import cpu_flags, graph_inputs, matmul_throughput, session
+from benchmarks.graph_speed import cpu_flags, graph_inputs, session
 
 GRAPHS = ("backbone", "text_encoder", "grounding_head", "propagation_decoder", "memory_encoder")
 PER_OBJECT = ("propagation_decoder", "memory_encoder", "interactive_decoder", "mask_init")
@@ -105,6 +105,42 @@ def memory_bandwidth(reps: int, threads: int | None, mib: int = 256) -> dict:
     return {"mib": mib, **{k: round(v, 1) for k, v in best.items()}, "gbps": round(max(best.values()), 1)}
 
 
+def matmul_peak(runtime: str, reps: int, threads: int | None, shape: tuple) -> dict:
+    """GFLOP/s of an [m, k] x [k, n] MatMul with constant weights on ``runtime``, from its fastest repetition by
+    wall clock and by process CPU time (``graph_speed.matmul_throughput``'s graph), or why it is unavailable."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    m, k, n = shape
+    rng = np.random.default_rng(0)
+    weight = numpy_helper.from_array(rng.standard_normal((k, n)).astype(np.float32), "w")
+    graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"])], "matmul",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [m, k])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [m, n])], [weight])
+    x = {"x": rng.standard_normal((m, k)).astype(np.float32)}
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "matmul.onnx"
+        onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+        try:
+            run = session(runtime, path, threads, x)
+        except Exception as exc:  # no openvino, no bf16 on this CPU: say so, go on
+            return {"unavailable": f"{type(exc).__name__}: {exc}"}
+        run(x)
+        times = [_timed(run, x) for _ in range(max(reps, 5))]
+    flops = 2 * m * k * n
+    return {"wall_gflops": round(flops / min(w for w, _ in times) / 1e6, 1),
+            "cpu_gflops": round(flops / max(min(c for _, c in times), 1e-6) / 1e6, 1),
+            "median_wall_gflops": round(flops / statistics.median(w for w, _ in times) / 1e6, 1)}
+
+
+def _timed(run, feeds) -> tuple[float, float]:
+    """(wall ms, process CPU ms) of one call: with one thread, CPU time leaves out the time the process
+    waited, descheduled, while other jobs ran on a shared machine."""
+    wall, cpu = time.perf_counter(), time.process_time()
+    run(feeds)
+    return (time.perf_counter() - wall) * 1000, (time.process_time() - cpu) * 1000
+
+
 def count_cases(bundle: Path, manifest: dict, cases: list, memories: int, pointers: int, log=print) -> dict:
     """(graph, size) -> benchmarks.flops.Count.as_dict() of that call."""
     counts = {}
@@ -120,18 +156,16 @@ def count_cases(bundle: Path, manifest: dict, cases: list, memories: int, pointe
 
 def time_cases(bundle: Path, manifest: dict, cases: list, runtimes: list[str], feeds: dict, reps: int,
                threads: int | None, matmul_shape: tuple, log=print) -> tuple[dict, dict]:
-    """Runtime by runtime: its MatMul peak (``graph_speed.matmul_throughput``), then one warm-up call per case
+    """Runtime by runtime: its MatMul peak (``matmul_peak``), then one warm-up call per case
     (static variants compile for the case's shapes first) and ``reps`` repetitions interleaved over its cases;
     its sessions are closed before the next runtime's open (at mid, 64 objects, all runtimes' sessions at
     once went past 23 GB RSS and were killed). The peak is measured just before the calls it is compared
     with, so a change in the machine's load between runtimes moves both. Returns (timings, matmul results):
-    timings (runtime, graph, size) -> {"median_ms", "min_ms", "max_ms", "ms"}."""
-    timings, matmul = {}, {"shape": list(matmul_shape), "gflops": {}, "best_gflops": {}}
+    timings (runtime, graph, size) -> wall and process CPU milliseconds (median, min, max, every repetition)."""
+    timings, matmul = {}, {"shape": list(matmul_shape)}
     for runtime in runtimes:
-        peak = matmul_throughput(reps, threads, *matmul_shape, runtimes=(runtime,))
-        for key in ("gflops", "best_gflops"):
-            matmul[key].update(peak.get(key, {}))
-        log(f"  {runtime}: MatMul {matmul['best_gflops'].get(runtime)} GFLOP/s (best), load {_load()}")
+        matmul[runtime] = matmul_peak(runtime, reps, threads, matmul_shape)
+        log(f"  {runtime}: MatMul {matmul[runtime]}, load {_load()}")
         runs, plain = {}, {}
         for graph, size in cases:
             path = bundle / manifest["graphs"][graph]["file"]
@@ -147,12 +181,13 @@ def time_cases(bundle: Path, manifest: dict, cases: list, runtimes: list[str], f
         ms = {key: [] for key in runs}
         for rep in range(reps):
             for key, run in runs.items():
-                started = time.perf_counter()
-                run(feeds[key[1:]])
-                ms[key].append((time.perf_counter() - started) * 1000)
+                ms[key].append(_timed(run, feeds[key[1:]]))
             log(f"  {runtime}: repetition {rep + 1}/{reps} done, load {_load()}")
-        timings.update({key: {"median_ms": statistics.median(v), "min_ms": min(v), "max_ms": max(v), "ms": v}
-                        for key, v in ms.items()})
+        for key, v in ms.items():
+            wall, cpu = [w for w, _ in v], [c for _, c in v]
+            timings[key] = {"median_ms": statistics.median(wall), "min_ms": min(wall), "max_ms": max(wall),
+                            "cpu_median_ms": statistics.median(cpu), "cpu_min_ms": min(cpu), "cpu_max_ms": max(cpu),
+                            "ms": wall, "cpu_ms": cpu}
         del runs, plain, run
         gc.collect()
     return timings, matmul
@@ -264,22 +299,26 @@ def machine() -> dict:
     return {"cpu": cpu, "cores": os.cpu_count(), "flags": cpu_flags(), "versions": versions, "load_start": _load()}
 
 
-def roofline_rows(counts: dict, timings: dict, peaks: dict, bandwidth: float, profiles: dict) -> list[dict]:
+def roofline_rows(counts: dict, timings: dict, peaks: dict, bandwidth: float, profiles: dict,
+                  clock: str = "wall") -> list[dict]:
     """One row per (runtime, graph, size): FLOPs, bytes (bf16: weights at 2 bytes), intensity, time, achieved
-    GFLOP/s, the roofline there, the fraction of it, and the profile's shares where one was taken."""
+    GFLOP/s (by ``clock``: "wall" or "cpu" median; ``peaks`` by the same clock), the roofline there, the
+    fraction of it, and the profile's shares where one was taken."""
     rows = []
     for (runtime, graph, size), t in timings.items():
         c = counts[(graph, size)]
         weights = c["weight_bytes"] // 2 if PRECISION[runtime] == "bf16" else c["weight_bytes"]
         moved = weights + c["input_bytes"] + c["output_bytes"]
         intensity = c["gemm_flops"] / moved
-        achieved = c["gemm_flops"] / (t["median_ms"] / 1000) / 1e9
+        achieved = c["gemm_flops"] / (t["cpu_median_ms" if clock == "cpu" else "median_ms"] / 1000) / 1e9
         peak = peaks.get(runtime)
         roof = min(peak, intensity * bandwidth) if peak else None
         row = {"runtime": runtime, "precision": PRECISION[runtime], "graph": graph, "size": size,
                "gemm_gflop": c["gemm_flops"] / 1e9, "other_gflop": c["other_flops"] / 1e9,
                "copy_mb": c["copy_bytes"] / 1e6, "bytes_mb": moved / 1e6, "intensity": intensity,
                "median_ms": t["median_ms"], "min_ms": t["min_ms"], "max_ms": t["max_ms"],
+               "cpu_median_ms": t.get("cpu_median_ms"), "cpu_min_ms": t.get("cpu_min_ms"),
+               "cpu_max_ms": t.get("cpu_max_ms"), "clock": clock,
                "achieved_gflops": achieved, "peak_gflops": peak, "roofline_gflops": roof,
                "bound": None if roof is None else ("compute" if roof == peak else "memory"),
                "fraction": achieved / roof if roof else None}
@@ -298,6 +337,13 @@ def _num(x: float | None, digits: int = 0) -> str:
     return f"{x:,.{digits}f}" if abs(x) >= 10 or digits == 0 else f"{x:.{max(digits, 2)}f}"
 
 
+CLOCKS = {"cpu": "achieved GFLOP/s and the peaks are from process CPU time (one thread: the CPU time of a "
+                   "call is its time on a core, leaving out the time it waited, descheduled, while other jobs "
+                   "ran; on a quiet machine the two clocks agree). Wall-clock times are listed too.",
+          "wall": "achieved GFLOP/s and the peaks are from wall-clock time (more than one thread: process CPU "
+                  "time would sum the threads)."}
+
+
 def markdown(r: dict) -> str:
     m, s = r["machine"], r["settings"]
     lines = ["# Roofline: sam3track's graphs against this CPU's measured peaks", "",
@@ -311,12 +357,15 @@ def markdown(r: dict) -> str:
              f"(one image, one prompt). Runtime by runtime (each one's MatMul peak measured just before its calls), "
              f"{s['reps']} repetitions interleaved over its cases after a warm-up call each, threads: "
              f"{s['threads'] or 'each runtime default'}.", ""]
+    clock = s.get("clock", "wall")
+    lines += [f"**Clock:** {CLOCKS[clock]}", ""]
     lines += ["## Peaks (measured in this run, through the same runtimes, before each runtime's calls)", "",
-              "| runtime | precision | MatMul " + "x".join(map(str, r["matmul"]["shape"])) + ", best GFLOP/s | "
-              "median GFLOP/s |", "|---|---|---|---|"]
+              "| runtime | precision | MatMul " + "x".join(map(str, r["matmul"]["shape"])) + ": best by CPU time, "
+              "GFLOP/s | best by wall clock | median by wall clock |", "|---|---|---|---|---|"]
     for rt in s["runtimes"]:
-        lines.append(f"| {LABEL[rt]} | {PRECISION[rt]} | {_num(r['peaks'].get(rt))} | "
-                     f"{r['matmul']['gflops'].get(rt, '-')} |")
+        mm = r["matmul"].get(rt, {})
+        lines.append(f"| {LABEL[rt]} | {PRECISION[rt]} | {mm.get('cpu_gflops', mm.get('unavailable', '-'))} | "
+                     f"{mm.get('wall_gflops', '-')} | {mm.get('median_wall_gflops', '-')} |")
     bw = r["bandwidth"]
     lines += ["", f"Memory bandwidth: **{bw['gbps']} GB/s** (best of a numpy copy, {bw['numpy_copy']} GB/s, and an "
               f"ONNX Runtime Add, {bw['ort_add']} GB/s, over {bw['mib']} MiB; read + write bytes). Ridge points: "
@@ -332,9 +381,11 @@ def _table(rows: list[dict], runtimes: list[str]) -> list[str]:
     lines = ["## Every graph and call size", "",
              "GEMM GFLOP: the call's MatMul/Gemm/Conv/attention FLOPs (what the roofline counts); other: element-wise, "
              "softmax and norm FLOPs, apart; MB: weights + inputs + outputs, a lower bound on the bytes moved. "
-             "Fraction: achieved / min(peak, intensity x bandwidth); the target is >= 0.67 (within 1.5x).", "",
-             "| graph | size | runtime | GEMM GFLOP | other GFLOP | MB moved | FLOP/B | ms median [min-max] | "
-             "achieved GFLOP/s | roofline GFLOP/s | fraction |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "Achieved: GEMM FLOPs over the median time by the run's clock (above). Fraction: achieved / min(peak, "
+             "intensity x bandwidth); the target is >= 0.67 (within 1.5x).", "",
+             "| graph | size | runtime | GEMM GFLOP | other GFLOP | MB moved | FLOP/B | wall ms median [min-max] | "
+             "CPU ms median [min-max] | achieved GFLOP/s | roofline GFLOP/s | fraction |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     order = {rt: i for i, rt in enumerate(runtimes)}
     for row in sorted(rows, key=lambda x: (GRAPHS.index(x["graph"]) if x["graph"] in GRAPHS else 99, x["size"],
                                            order[x["runtime"]])):
@@ -343,7 +394,8 @@ def _table(rows: list[dict], runtimes: list[str]) -> list[str]:
         lines.append(f"| {row['graph']} | {row['size']} | {LABEL[row['runtime']]} | {_num(row['gemm_gflop'], 2)} | "
                      f"{_num(row['other_gflop'], 3)} | {_num(row['bytes_mb'], 1)} | {_num(row['intensity'])} | "
                      f"{_num(row['median_ms'], 1)} [{_num(row['min_ms'], 1)}-{_num(row['max_ms'], 1)}] | "
-                     f"{_num(row['achieved_gflops'], 1)} | {_num(row['roofline_gflops'])} | "
+                     f"{_num(row.get('cpu_median_ms'), 1)} [{_num(row.get('cpu_min_ms'), 1)}-"
+                     f"{_num(row.get('cpu_max_ms'), 1)}] | {_num(row['achieved_gflops'], 1)} | {_num(row['roofline_gflops'])} | "
                      f"{'-' if frac is None else f'{frac:.2f}'}{mark} |")
     return lines + [""]
 
@@ -510,7 +562,9 @@ def main(argv: list[str] | None = None) -> int:
     log("timing")
     shape = tuple(int(x) for x in args.matmul_shape.split(","))
     timings, r["matmul"] = time_cases(bundle, manifest, cases, runtimes, feeds, args.reps, args.threads, shape, log)
-    r["peaks"] = {rt: r["matmul"]["best_gflops"].get(rt) for rt in runtimes}
+    clock = "cpu" if args.threads == 1 else "wall"  # CPU time sums threads: only one thread compares with wall
+    r["settings"]["clock"] = clock
+    r["peaks"] = {rt: r["matmul"][rt].get(f"{clock}_gflops") for rt in runtimes}
     profiles = {}
     for (runtime, graph, size) in timings:
         if size <= args.profile_max:
@@ -518,7 +572,7 @@ def main(argv: list[str] | None = None) -> int:
                                                             feeds[(graph, size)], args.threads, args.profile_calls)
             log(f"  profiled {runtime} {graph} x{size}: {profiles[(runtime, graph, size)]['shares']}")
     r["counts"] = [{"graph": g, "size": n, **c} for (g, n), c in counts.items()]
-    r["rows"] = roofline_rows(counts, timings, r["peaks"], r["bandwidth"]["gbps"], profiles)
+    r["rows"] = roofline_rows(counts, timings, r["peaks"], r["bandwidth"]["gbps"], profiles, clock)
     r["machine"]["load_end"] = _load()
     r["machine"]["peak_rss_mb"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
     r["finished"] = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
