@@ -468,7 +468,7 @@ def plot(r: dict, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     rows, bw = r["rows"], r["bandwidth"]["gbps"]
-    fig, ax = plt.subplots(figsize=(10, 6.5))
+    fig, ax = plt.subplots(figsize=(13, 6.5))
     xs = np.logspace(np.log10(max(0.5, min(x["intensity"] for x in rows) / 2)),
                      np.log10(max(x["intensity"] for x in rows) * 3), 200)
     for rt in r["settings"]["runtimes"]:
@@ -487,11 +487,12 @@ def plot(r: dict, path: Path) -> None:
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlabel("arithmetic intensity, GEMM FLOPs per byte (weights + inputs + outputs)")
-    ax.set_ylabel("achieved GFLOP/s (GEMM FLOPs / median time)")
+    clock = "CPU" if r["settings"].get("clock") == "cpu" else "wall-clock"
+    ax.set_ylabel(f"achieved GFLOP/s (GEMM FLOPs / median {clock} time)")
     ax.set_title(f"Roofline, {r['settings']['bundle']} ({r['machine']['cpu']}, {r['machine']['cores']} cores); "
                  "numbers: objects", fontsize=9)
     ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=7, loc="lower right")
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
