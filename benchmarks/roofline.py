@@ -36,6 +36,7 @@ import os
 import platform
 import resource
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -550,7 +551,7 @@ def main(argv: list[str] | None = None) -> int:
     runtimes, objects = args.runtimes.split(","), [int(n) for n in args.objects.split(",")]
     graphs = [g for g in args.graphs.split(",") if g in manifest["graphs"]]
     cases = cases_of(graphs, objects)
-    r = {"command": "python -m benchmarks.roofline " + " ".join(argv if argv is not None else os.sys.argv[1:]),
+    r = {"command": "python -m benchmarks.roofline " + " ".join(argv if argv is not None else sys.argv[1:]),
          "started": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()), "machine": machine(),
          "settings": {"bundle": bundle.name, "graphs": graphs, "objects": objects, "memories": memories,
                       "pointers": pointers, "runtimes": runtimes, "reps": args.reps, "threads": args.threads}}
