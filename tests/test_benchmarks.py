@@ -147,3 +147,86 @@ def test_sam31_benchmark_report_states_ratios_counts_and_calls():
                    "Meta 3.1": side(2000.0, [17], None)}}}}
     row = report(results).strip().splitlines()[-1]
     assert row == "| 17 | 500 [500-500] | 1,000 [1,000-1,000] | 2,000 [2,000-2,000] | 0.50 | 0.25 | 17 / 17 / 17 | 1 / 1 |"
+
+
+def _matmul_conv_model():
+    """x [2, 3, 8, 8] -> Conv (4 out channels, 3x3, pad 1, groups 1, bias) -> [2, 4, 8, 8] -> Reshape [2, 4, 64]
+    -> MatMul with w [64, 5] -> [2, 4, 5] -> Relu."""
+    import numpy as np
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    inits = [numpy_helper.from_array(rng.standard_normal((4, 3, 3, 3)).astype(np.float32), "k"),
+             numpy_helper.from_array(np.zeros(4, np.float32), "b"),
+             numpy_helper.from_array(np.array([0, 4, 64], np.int64), "shape"),
+             numpy_helper.from_array(rng.standard_normal((64, 5)).astype(np.float32), "w")]
+    nodes = [helper.make_node("Conv", ["x", "k", "b"], ["c"], pads=[1, 1, 1, 1]),
+             helper.make_node("Reshape", ["c", "shape"], ["r"]),
+             helper.make_node("MatMul", ["r", "w"], ["m"]),
+             helper.make_node("Relu", ["m"], ["y"])]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 3, 8, 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+@pytest.mark.parametrize("shapes", ["onnx", "run"])
+def test_flop_counter_counts_a_hand_built_graph_exactly(shapes):
+    """MatMul + Conv of known shapes: the exact FLOPs, whichever way the shapes are found (ONNX's inference with
+    the batch dim bound from the feed, or an ONNX Runtime profile of one run)."""
+    import numpy as np
+
+    from benchmarks.flops import count_graph
+
+    x = np.zeros((2, 3, 8, 8), np.float32)
+    c = count_graph(_matmul_conv_model(), {"x": x}, shapes=shapes)
+    conv = 2 * (2 * 4 * 8 * 8) * (3 * 3 * 3)  # 2 * output elements * Cin/groups * kh * kw
+    matmul = 2 * (2 * 4 * 5) * 64  # 2 * M * N * K, batched over 2
+    assert c.gemm == conv + matmul == 32_768
+    assert c.other == 2 * 4 * 8 * 8 + 2 * 4 * 5  # the conv's bias add, the Relu
+    assert c.weight_bytes == (4 * 3 * 3 * 3 + 4 + 64 * 5) * 4 + 3 * 8
+    assert c.input_bytes == x.nbytes and c.output_bytes == 2 * 4 * 5 * 4
+    assert c.by_op["Conv"]["gemm"] == conv and c.by_op["MatMul"]["gemm"] == matmul and not c.uncounted
+
+
+def test_flop_counter_knows_conv_transpose_einsum_and_fused_attention():
+    import numpy as np
+    from onnx import TensorProto, helper, numpy_helper
+
+    from benchmarks.flops import count_graph, node_cost
+
+    deconv = helper.make_node("ConvTranspose", ["x", "w"], ["y"], strides=[2, 2])
+    # x [1, 8, 4, 4], w [8, 6, 2, 2] -> y [1, 6, 8, 8]: every input pixel times Cout*kh*kw weights
+    assert node_cost(deconv, [[1, 8, 4, 4], [8, 6, 2, 2]], [[1, 6, 8, 8]])[0] == 2 * 8 * 16 * 6 * 4
+    # through a profiled run too: ONNX Runtime's profile leaves the prepacked weight out of the node's inputs
+    graph = helper.make_graph([deconv], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, 4, 4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                              [numpy_helper.from_array(np.ones((8, 6, 2, 2), np.float32), "w")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    assert count_graph(model, {"x": np.ones((1, 8, 4, 4), np.float32)}, shapes="run").gemm == 2 * 8 * 16 * 6 * 4
+    einsum = helper.make_node("Einsum", ["a", "b"], ["c"], equation="bqc,bkc->bqk")
+    assert node_cost(einsum, [[2, 3, 5], [2, 7, 5]], [[2, 3, 7]])[0] == 2 * 2 * 3 * 7 * 5
+    mha = helper.make_node("MultiHeadAttention", ["q", "k", "v"], ["o"], domain="com.microsoft", num_heads=4)
+    gemm, softmax, _ = node_cost(mha, [[2, 10, 32], [2, 30, 16], [2, 30, 32]], [[2, 10, 32]])
+    assert gemm == 2 * 2 * 10 * 30 * (32 + 32) and softmax == 5 * 2 * 4 * 10 * 30
+
+
+def test_roofline_tool_runs_at_tiny_size(tiny_bundle, tmp_path):
+    """python -m benchmarks.roofline: every graph counted (FLOPs > 0), timed, put against the measured peaks."""
+    from benchmarks.roofline import main as roofline_main
+
+    out = tmp_path / "roof"
+    assert roofline_main(["--bundle", str(tiny_bundle), "--objects", "1,2", "--reps", "1", "--threads", "1",
+                          "--runtimes", "ort", "--profile-max", "1", "--profile-calls", "1",
+                          "--matmul-shape", "256,256,256", "--bandwidth-mib", "8", "--out", str(out)]) == 0
+    r = json.loads((out / "results.json").read_text())
+    graphs = {"backbone", "text_encoder", "grounding_head", "propagation_decoder", "memory_encoder"}
+    assert {c["graph"] for c in r["counts"]} == graphs
+    assert all(c["gemm_flops"] > 0 and c["bytes"] > 0 and not c["uncounted"] for c in r["counts"])
+    assert {(row["graph"], row["size"]) for row in r["rows"] if row["runtime"] == "ort"} == {
+        ("backbone", 1), ("text_encoder", 1), ("grounding_head", 1), ("propagation_decoder", 1),
+        ("propagation_decoder", 2), ("memory_encoder", 1), ("memory_encoder", 2)}
+    assert r["peaks"]["ort"] > 0 and r["bandwidth"]["gbps"] > 0
+    for row in r["rows"]:
+        assert row["achieved_gflops"] > 0 and (row["fraction"] is None or row["fraction"] > 0), row
+    assert "profile" in next(row for row in r["rows"] if row["runtime"] == "ort" and row["size"] == 1)
+    assert (out / "roofline.png").stat().st_size > 0 and "| graph | size | runtime |" in (out / "roofline.md").read_text()

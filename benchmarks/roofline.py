@@ -1,0 +1,588 @@
+"""Roofline of a bundle's graphs: how close each graph, at each call size and precision, gets to what this CPU
+can do, measured through the same runtimes that run it.
+
+    python -m benchmarks.roofline --preset mid --cache /tmp/roofcache --out /tmp/roofline-mid
+    python -m benchmarks.roofline --bundle BUNDLE --objects 1,16,64 --reps 3 --threads 1 --out DIR
+
+For each graph and call size (the propagation decoder and memory encoder at each object count; backbone,
+grounding head and text encoder once per call at one image or prompt):
+
+- FLOPs and bytes of the call, counted from the graph's shapes by ``benchmarks.flops`` (GEMM-class FLOPs:
+  MatMul, Gemm, Conv, ConvTranspose, Einsum, attention products; the element-wise/softmax/norm term apart);
+  bytes moved = weights + inputs + outputs, a lower bound (bf16 runtimes: the weights at 2 bytes);
+- the call's time on each runtime (``graph_speed.session``: ONNX Runtime fp32, OpenVINO f32, OpenVINO bf16
+  dynamic and static shapes), runtime by runtime (one runtime's sessions open at a time: memory), repetitions
+  interleaved over the runtime's cases after a warm-up call each, medians [min-max];
+- the machine's peaks, measured in the same run through the same runtimes: the best GFLOP/s of a 4096 x 1024
+  x 2048 MatMul per runtime (``graph_speed.matmul_throughput``), just before that runtime's calls, and the
+  memory bandwidth (best of a numpy copy and an ONNX Runtime element-wise Add over 256 MiB arrays);
+- achieved GFLOP/s = GEMM FLOPs / median time, the roofline = min(peak, intensity * bandwidth), and the
+  fraction achieved / roofline (1.0: on the roofline; the issue's target is >= 1/1.5 = 0.67);
+- where the time goes, from one profiled call per case (ONNX Runtime's profiler; OpenVINO's per-layer
+  counters): the share in GEMM-class kernels, in layout copies and in the rest, and the rate of the GEMM
+  kernels alone (GEMM FLOPs / their time), which says whether a gap is in the GEMMs or around them.
+
+Writes results.json, roofline.md and roofline.png (log-log roofline) to --out. A tool, not a test: on a
+shared machine the timings are noisy (the load average is recorded); compare rows of one run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import gc
+import json
+import os
+import platform
+import resource
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from benchmarks.flops import count_graph
+from benchmarks.graph_speed import cpu_flags, graph_inputs, session
+
+GRAPHS = ("backbone", "text_encoder", "grounding_head", "propagation_decoder", "memory_encoder")
+PER_OBJECT = ("propagation_decoder", "memory_encoder", "interactive_decoder", "mask_init")
+RUNTIMES = ("ort", "ov-f32", "ov-bf16", "ov-bf16-static")
+PRECISION = {"ort": "fp32", "ov-f32": "fp32", "ov-bf16": "bf16", "ov-f32-static": "fp32", "ov-bf16-static": "bf16"}
+LABEL = {"ort": "ONNX Runtime fp32", "ov-f32": "OpenVINO f32", "ov-bf16": "OpenVINO bf16",
+         "ov-f32-static": "OpenVINO f32 static", "ov-bf16-static": "OpenVINO bf16 static"}
+TARGET = 1 / 1.5  # the issue's target: within 1.5x of the roofline
+
+# op classes of the profiles: GEMM-class kernels, layout copies, and the rest (element-wise, norms, softmax)
+GEMM_KERNELS = {"MatMul", "FusedMatMul", "Gemm", "Conv", "FusedConv", "ConvTranspose", "MultiHeadAttention", "Einsum",
+                "FullyConnected", "Convolution", "ConvolutionBackpropData", "Deconvolution", "GroupConvolution",
+                "ScaledDotProductAttention", "MatMulInteger", "DynamicQuantizeMatMul"}
+COPY_KERNELS = {"Transpose", "Concat", "Gather", "GatherElements", "GatherND", "Slice", "StridedSlice", "Expand",
+                "Broadcast", "Tile", "Pad", "Split", "VariadicSplit", "ScatterND", "ScatterNDUpdate", "Cast", "Convert",
+                "Reorder", "Reshape", "Squeeze", "Unsqueeze", "Identity", "OneHot"}
+
+
+def call_feeds(manifest: dict, graph: str, size: int, memories: int, pointers: int) -> dict:
+    """graph_speed's seeded inputs at ``size`` objects (per-call graphs: one image / prompt), with SAM 3's
+    memory slots those of a steady-state frame: slot 0 (a conditioning frame) and the recent ones after it."""
+    feeds = graph_inputs(manifest, graph, size, memories, pointers)
+    if "memory_slot" in feeds and manifest.get("family") != "sam3.1":
+        slots = manifest["config"]["tracker"]["num_maskmem"]
+        feeds["memory_slot"] = np.ascontiguousarray((feeds["memory_slot"] - 1) % slots)
+    return feeds
+
+
+def cases_of(graphs: list[str], objects: list[int]) -> list[tuple[str, int]]:
+    return [(g, n) for g in graphs for n in (objects if g in PER_OBJECT else [1])]
+
+
+def memory_bandwidth(reps: int, threads: int | None, mib: int = 256) -> dict:
+    """GB/s (1e9 bytes) of the best of ``reps`` passes: a numpy copy (read + write) and an ONNX Runtime Add of a
+    constant (read + write, every thread), over ``mib`` MiB arrays. ``gbps`` is the higher of the two."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    src = np.ones(mib * 2 ** 20 // 4, np.float32)
+    dst = np.empty_like(src)
+    best = {"numpy_copy": 0.0, "ort_add": 0.0}
+    node = helper.make_node("Add", ["x", "c"], ["y"])
+    graph = helper.make_graph([node], "add", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [src.size])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [src.size])],
+                              [helper.make_tensor("c", TensorProto.FLOAT, [1], [1.0])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "add.onnx"
+        onnx.save(model, str(path))
+        add = session("ort", path, threads)
+        add({"x": src})
+        for _ in range(max(reps, 5)):
+            start = time.perf_counter()
+            np.copyto(dst, src)
+            best["numpy_copy"] = max(best["numpy_copy"], 2 * src.nbytes / (time.perf_counter() - start) / 1e9)
+            start = time.perf_counter()
+            add({"x": src})
+            best["ort_add"] = max(best["ort_add"], 2 * src.nbytes / (time.perf_counter() - start) / 1e9)
+    return {"mib": mib, **{k: round(v, 1) for k, v in best.items()}, "gbps": round(max(best.values()), 1)}
+
+
+def matmul_peak(runtime: str, reps: int, threads: int | None, shape: tuple) -> dict:
+    """GFLOP/s of an [m, k] x [k, n] MatMul with constant weights on ``runtime``, from its fastest repetition by
+    wall clock and by process CPU time (``graph_speed.matmul_throughput``'s graph), or why it is unavailable."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    m, k, n = shape
+    rng = np.random.default_rng(0)
+    weight = numpy_helper.from_array(rng.standard_normal((k, n)).astype(np.float32), "w")
+    graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"])], "matmul",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [m, k])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [m, n])], [weight])
+    x = {"x": rng.standard_normal((m, k)).astype(np.float32)}
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "matmul.onnx"
+        onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+        try:
+            run = session(runtime, path, threads, x)
+        except Exception as exc:  # no openvino, no bf16 on this CPU: say so, go on
+            return {"unavailable": f"{type(exc).__name__}: {exc}"}
+        run(x)
+        times = [_timed(run, x) for _ in range(max(reps, 5))]
+    flops = 2 * m * k * n
+    return {"wall_gflops": round(flops / min(w for w, _ in times) / 1e6, 1),
+            "cpu_gflops": round(flops / max(min(c for _, c in times), 1e-6) / 1e6, 1),
+            "median_wall_gflops": round(flops / statistics.median(w for w, _ in times) / 1e6, 1)}
+
+
+def _timed(run, feeds) -> tuple[float, float]:
+    """(wall ms, process CPU ms) of one call: with one thread, CPU time leaves out the time the process
+    waited, descheduled, while other jobs ran on a shared machine."""
+    wall, cpu = time.perf_counter(), time.process_time()
+    run(feeds)
+    return (time.perf_counter() - wall) * 1000, (time.process_time() - cpu) * 1000
+
+
+def count_cases(bundle: Path, manifest: dict, cases: list, memories: int, pointers: int, log=print) -> dict:
+    """(graph, size) -> benchmarks.flops.Count.as_dict() of that call."""
+    counts = {}
+    for graph, size in cases:
+        started = time.perf_counter()
+        feeds = call_feeds(manifest, graph, size, memories, pointers)
+        counts[(graph, size)] = count_graph(bundle / manifest["graphs"][graph]["file"], feeds).as_dict()
+        c = counts[(graph, size)]
+        log(f"  counted {graph} x{size}: {c['gemm_flops'] / 1e9:.2f} GFLOP GEMM, {c['other_flops'] / 1e9:.3f} G other, "
+            f"{c['bytes'] / 2 ** 20:.1f} MiB ({c['shape_source']}, {time.perf_counter() - started:.0f} s)")
+    return counts
+
+
+def time_cases(bundle: Path, manifest: dict, cases: list, runtimes: list[str], feeds: dict, reps: int,
+               threads: int | None, matmul_shape: tuple, log=print) -> tuple[dict, dict]:
+    """Runtime by runtime: its MatMul peak (``matmul_peak``), then one warm-up call per case
+    (static variants compile for the case's shapes first) and ``reps`` repetitions interleaved over its cases;
+    its sessions are closed before the next runtime's open (at mid, 64 objects, all runtimes' sessions at
+    once went past 23 GB RSS and were killed). The peak is measured just before the calls it is compared
+    with, so a change in the machine's load between runtimes moves both. Returns (timings, matmul results):
+    timings (runtime, graph, size) -> wall and process CPU milliseconds (median, min, max, every repetition)."""
+    timings, matmul = {}, {"shape": list(matmul_shape)}
+    for runtime in runtimes:
+        matmul[runtime] = matmul_peak(runtime, reps, threads, matmul_shape)
+        log(f"  {runtime}: MatMul {matmul[runtime]}, load {_load()}")
+        runs, plain = {}, {}
+        for graph, size in cases:
+            path = bundle / manifest["graphs"][graph]["file"]
+            if runtime.endswith("-static"):
+                run = session(runtime, path, threads, feeds[(graph, size)])
+            else:
+                run = plain.get(graph) or session(runtime, path, threads)
+                plain[graph] = run
+            started = time.perf_counter()
+            run(feeds[(graph, size)])
+            log(f"  warm-up {runtime} {graph} x{size}: {time.perf_counter() - started:.2f} s")
+            runs[(runtime, graph, size)] = run
+        ms = {key: [] for key in runs}
+        for rep in range(reps):
+            for key, run in runs.items():
+                ms[key].append(_timed(run, feeds[key[1:]]))
+            log(f"  {runtime}: repetition {rep + 1}/{reps} done, load {_load()}")
+        for key, v in ms.items():
+            wall, cpu = [w for w, _ in v], [c for _, c in v]
+            timings[key] = {"median_ms": statistics.median(wall), "min_ms": min(wall), "max_ms": max(wall),
+                            "cpu_median_ms": statistics.median(cpu), "cpu_min_ms": min(cpu), "cpu_max_ms": max(cpu),
+                            "ms": wall, "cpu_ms": cpu}
+        del runs, plain, run
+        gc.collect()
+    return timings, matmul
+
+
+def _kernel_class(op: str) -> str:
+    """gemm, fused (OpenVINO's Snippets subgraphs: fused element-wise chains, and the attention blocks its
+    MHA tokenizer fuses, products included), copy or other."""
+    if op == "Subgraph":
+        return "fused"
+    return "gemm" if op in GEMM_KERNELS else "copy" if op in COPY_KERNELS else "other"
+
+
+def profile_ort(path: Path, feeds: dict, threads: int | None, calls: int = 3) -> dict:
+    """Milliseconds per op type in profiled ONNX Runtime calls (its default optimisations on, so the kernels
+    are the ones the timed session runs): per op type, the median over ``calls`` calls after a warm-up one."""
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    if threads:
+        options.intra_op_num_threads = threads
+    options.enable_profiling = True
+    with tempfile.TemporaryDirectory() as tmp:
+        options.profile_file_prefix = str(Path(tmp) / "roofline")
+        s = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+        for _ in range(calls + 1):
+            s.run(None, feeds)
+        events = json.loads(Path(s.end_profiling()).read_text())
+    starts = sorted(e["ts"] for e in events if e.get("name") == "model_run")[1:]  # the warm-up call left out
+    per_call = [collections.Counter() for _ in starts]
+    for e in events:
+        if e.get("cat") == "Node" and e["name"].endswith("_kernel_time") and e["ts"] >= starts[0]:
+            call = max(i for i, t in enumerate(starts) if e["ts"] >= t)
+            per_call[call][e["args"]["op_name"]] += e["dur"] / 1000
+    return {"by_op_ms": _median_by_op(per_call), "kernels": {}}
+
+
+def _median_by_op(per_call: list) -> dict:
+    ops = set().union(*per_call)
+    return {op: statistics.median(c.get(op, 0.0) for c in per_call) for op in ops}
+
+
+def profile_ov(runtime: str, path: Path, feeds: dict, threads: int | None, calls: int = 3) -> dict:
+    """Milliseconds per layer type in OpenVINO calls with PERF_COUNT on (per type, the median over ``calls``
+    calls after a warm-up one), and the kernels (exec types) of its GEMM-class layers: says whether bf16 ran
+    on AMX."""
+    from sam3track.backends.openvino import shared_core
+
+    config = {"INFERENCE_PRECISION_HINT": PRECISION[runtime].replace("fp32", "f32"), "PERFORMANCE_HINT": "LATENCY",
+              "PERF_COUNT": True}
+    if threads:
+        config["INFERENCE_NUM_THREADS"] = threads
+    core = shared_core()
+    model = core.read_model(str(path))
+    if runtime.endswith("-static"):
+        model.reshape({p: list(feeds[p.get_node().get_friendly_name()].shape) for p in model.inputs})
+    request = core.compile_model(model, "CPU", config).create_infer_request()
+    request.infer(feeds)
+    per_call, kernels = [], collections.Counter()
+    for _ in range(calls):
+        request.infer(feeds)
+        by_op = collections.Counter()
+        for layer in request.get_profiling_info():
+            by_op[layer.node_type] += layer.real_time.total_seconds() * 1000
+            if (layer.node_type in GEMM_KERNELS or layer.node_type == "Subgraph") and layer.real_time.total_seconds() > 0:
+                kernels[f"{layer.node_type}:{layer.exec_type}"] += layer.real_time.total_seconds() * 1000 / calls
+        per_call.append(by_op)
+    return {"by_op_ms": _median_by_op(per_call), "kernels": {k: round(v, 2) for k, v in kernels.most_common(6)}}
+
+
+def profile_case(runtime: str, path: Path, feeds: dict, threads: int | None, calls: int = 3) -> dict:
+    """Where a call's time goes: ms per op type (medians over ``calls`` profiled calls), and the shares of
+    GEMM-class, copy and other kernels."""
+    if runtime == "ort":
+        p = profile_ort(path, feeds, threads, calls)
+    else:
+        p = profile_ov(runtime, path, feeds, threads, calls)
+    total = sum(p["by_op_ms"].values()) or 1.0
+    shares = collections.Counter()
+    for op, ms in p["by_op_ms"].items():
+        shares[_kernel_class(op)] += ms / total
+    top = sorted(p["by_op_ms"].items(), key=lambda kv: -kv[1])[:12]
+    gemm_ms = sum(ms for op, ms in p["by_op_ms"].items() if _kernel_class(op) in ("gemm", "fused"))
+    return {"profiled_ms": round(total, 2), "gemm_ms": round(gemm_ms, 3),
+            "shares": {k: round(shares[k], 3) for k in ("gemm", "fused", "copy", "other")},
+            "top_ops_ms": {k: round(v, 2) for k, v in top}, "gemm_kernels_ms": p["kernels"]}
+
+
+def _load() -> str:
+    try:
+        return " ".join(f"{x:.1f}" for x in os.getloadavg())
+    except OSError:
+        return "?"
+
+
+def machine() -> dict:
+    cpu = platform.processor() or "unknown CPU"
+    try:
+        cpu = next(line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                   if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    versions = {"python": platform.python_version()}
+    for name in ("numpy", "onnx", "onnxruntime", "openvino"):
+        try:
+            versions[name] = getattr(__import__(name), "__version__", "?")
+        except ImportError:
+            versions[name] = "not installed"
+    return {"cpu": cpu, "cores": os.cpu_count(), "flags": cpu_flags(), "versions": versions, "load_start": _load()}
+
+
+def roofline_rows(counts: dict, timings: dict, peaks: dict, bandwidth: float, profiles: dict,
+                  clock: str = "wall") -> list[dict]:
+    """One row per (runtime, graph, size): FLOPs, bytes (bf16: weights at 2 bytes), intensity, time, achieved
+    GFLOP/s (by ``clock``: "wall" or "cpu" median; ``peaks`` by the same clock), the roofline there, the
+    fraction of it, and the profile's shares where one was taken."""
+    rows = []
+    for (runtime, graph, size), t in timings.items():
+        c = counts[(graph, size)]
+        weights = c["weight_bytes"] // 2 if PRECISION[runtime] == "bf16" else c["weight_bytes"]
+        moved = weights + c["input_bytes"] + c["output_bytes"]
+        intensity = c["gemm_flops"] / moved
+        achieved = c["gemm_flops"] / (t["cpu_median_ms" if clock == "cpu" else "median_ms"] / 1000) / 1e9
+        peak = peaks.get(runtime)
+        roof = min(peak, intensity * bandwidth) if peak else None
+        row = {"runtime": runtime, "precision": PRECISION[runtime], "graph": graph, "size": size,
+               "gemm_gflop": c["gemm_flops"] / 1e9, "other_gflop": c["other_flops"] / 1e9,
+               "copy_mb": c["copy_bytes"] / 1e6, "bytes_mb": moved / 1e6, "intensity": intensity,
+               "median_ms": t["median_ms"], "min_ms": t["min_ms"], "max_ms": t["max_ms"],
+               "cpu_median_ms": t.get("cpu_median_ms"), "cpu_min_ms": t.get("cpu_min_ms"),
+               "cpu_max_ms": t.get("cpu_max_ms"), "clock": clock,
+               "achieved_gflops": achieved, "peak_gflops": peak, "roofline_gflops": roof,
+               "bound": None if roof is None else ("compute" if roof == peak else "memory"),
+               "fraction": achieved / roof if roof else None}
+        prof = profiles.get((runtime, graph, size))
+        if prof:
+            row["profile"] = prof
+            gemm_ms = prof["gemm_ms"]
+            row["gemm_kernel_gflops"] = c["gemm_flops"] / (gemm_ms / 1000) / 1e9 if gemm_ms else None
+        rows.append(row)
+    return rows
+
+
+def _num(x: float | None, digits: int = 0) -> str:
+    if x is None:
+        return "-"
+    return f"{x:,.{digits}f}" if abs(x) >= 10 or digits == 0 else f"{x:.{max(digits, 2)}f}"
+
+
+CLOCKS = {"cpu": "achieved GFLOP/s and the peaks are from process CPU time (one thread: the CPU time of a "
+                   "call is its time on a core, leaving out the time it waited, descheduled, while other jobs "
+                   "ran; on a quiet machine the two clocks agree). Wall-clock times are listed too.",
+          "wall": "achieved GFLOP/s and the peaks are from wall-clock time (more than one thread: process CPU "
+                  "time would sum the threads)."}
+
+
+def markdown(r: dict) -> str:
+    m, s = r["machine"], r["settings"]
+    lines = ["# Roofline: sam3track's graphs against this CPU's measured peaks", "",
+             f"`{r['command']}`, {r['started']} to {r['finished']}.", "",
+             f"**Machine:** {m['cpu']}, {m['cores']} cores, CPU flags {' '.join(m['flags']) or 'none of avx512/amx'}; "
+             f"load average {m['load_start']} at the start, {m['load_end']} at the end (a shared machine: other jobs "
+             "ran beside this one, so every time here is an upper bound of the quiet machine's). "
+             + ", ".join(f"{k} {v}" for k, v in m["versions"].items()) + ".", "",
+             f"**Calls:** bundle `{s['bundle']}`; per-object graphs at {', '.join(map(str, s['objects']))} objects, "
+             f"each reading {s['memories']} memories and {s['pointers']} object pointers; the others once per call "
+             f"(one image, one prompt). Runtime by runtime (each one's MatMul peak measured just before its calls), "
+             f"{s['reps']} repetitions interleaved over its cases after a warm-up call each, threads: "
+             f"{s['threads'] or 'each runtime default'}.", ""]
+    clock = s.get("clock", "wall")
+    lines += [f"**Clock:** {CLOCKS[clock]}", ""]
+    lines += ["## Peaks (measured in this run, through the same runtimes, before each runtime's calls)", "",
+              "| runtime | precision | MatMul " + "x".join(map(str, r["matmul"]["shape"])) + ": best by CPU time, "
+              "GFLOP/s | best by wall clock | median by wall clock |", "|---|---|---|---|---|"]
+    for rt in s["runtimes"]:
+        mm = r["matmul"].get(rt, {})
+        lines.append(f"| {LABEL[rt]} | {PRECISION[rt]} | {mm.get('cpu_gflops', mm.get('unavailable', '-'))} | "
+                     f"{mm.get('wall_gflops', '-')} | {mm.get('median_wall_gflops', '-')} |")
+    bw = r["bandwidth"]
+    lines += ["", f"Memory bandwidth: **{bw['gbps']} GB/s** (best of a numpy copy, {bw['numpy_copy']} GB/s, and an "
+              f"ONNX Runtime Add, {bw['ort_add']} GB/s, over {bw['mib']} MiB; read + write bytes). Ridge points: "
+              + ", ".join(f"{LABEL[rt]} {r['peaks'][rt] / bw['gbps']:.0f} FLOP/B" for rt in s["runtimes"]
+                          if r["peaks"].get(rt)) + ".", ""]
+    lines += _table(r["rows"], s["runtimes"])
+    lines += _profile_table(r["rows"])
+    lines += _op_rates(r)
+    return "\n".join(lines) + "\n"
+
+
+def _table(rows: list[dict], runtimes: list[str]) -> list[str]:
+    lines = ["## Every graph and call size", "",
+             "GEMM GFLOP: the call's MatMul/Gemm/Conv/attention FLOPs (what the roofline counts); other: element-wise, "
+             "softmax and norm FLOPs, apart; MB: weights + inputs + outputs, a lower bound on the bytes moved. "
+             "Achieved: GEMM FLOPs over the median time by the run's clock (above). Fraction: achieved / min(peak, "
+             "intensity x bandwidth); the target is >= 0.67 (within 1.5x).", "",
+             "| graph | size | runtime | GEMM GFLOP | other GFLOP | MB moved | FLOP/B | wall ms median [min-max] | "
+             "CPU ms median [min-max] | achieved GFLOP/s | roofline GFLOP/s | fraction |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    order = {rt: i for i, rt in enumerate(runtimes)}
+    for row in sorted(rows, key=lambda x: (GRAPHS.index(x["graph"]) if x["graph"] in GRAPHS else 99, x["size"],
+                                           order[x["runtime"]])):
+        frac = row["fraction"]
+        mark = "" if frac is None else (" **ok**" if frac >= TARGET else "")
+        lines.append(f"| {row['graph']} | {row['size']} | {LABEL[row['runtime']]} | {_num(row['gemm_gflop'], 2)} | "
+                     f"{_num(row['other_gflop'], 3)} | {_num(row['bytes_mb'], 1)} | {_num(row['intensity'])} | "
+                     f"{_num(row['median_ms'], 1)} [{_num(row['min_ms'], 1)}-{_num(row['max_ms'], 1)}] | "
+                     f"{_num(row.get('cpu_median_ms'), 1)} [{_num(row.get('cpu_min_ms'), 1)}-"
+                     f"{_num(row.get('cpu_max_ms'), 1)}] | {_num(row['achieved_gflops'], 1)} | {_num(row['roofline_gflops'])} | "
+                     f"{'-' if frac is None else f'{frac:.2f}'}{mark} |")
+    return lines + [""]
+
+
+ORT_FUSED = {"FusedMatMul": "MatMul", "FusedConv": "Conv"}  # ONNX Runtime's fused kernels -> the graph's op
+
+
+def _op_rates(r: dict) -> list[str]:
+    """ONNX Runtime only (its kernels keep the graph's op types): GFLOP/s of each GEMM-class op type, its
+    counted FLOPs over its profiled time."""
+    counts = {(c["graph"], c["size"]): c["by_op"] for c in r["counts"]}
+    lines = []
+    for row in r["rows"]:
+        if row["runtime"] != "ort" or "profile" not in row:
+            continue
+        ms = collections.Counter()
+        for op, t in row["profile"]["top_ops_ms"].items():
+            ms[ORT_FUSED.get(op, op)] += t
+        by_op = counts[(row["graph"], row["size"])]
+        rates = [f"{op} {by_op[op]['gemm'] / 1e9:.1f} GFLOP in {ms[op]:,.0f} ms = "
+                 f"{by_op[op]['gemm'] / (ms[op] / 1000) / 1e9:.0f} GFLOP/s"
+                 for op in sorted(by_op, key=lambda o: -by_op[o]["gemm"]) if by_op[op]["gemm"] and ms.get(op)]
+        if rates:
+            lines.append(f"| {row['graph']} | {row['size']} | " + "; ".join(rates) + " |")
+    if not lines:
+        return []
+    return ["## ONNX Runtime: GFLOP/s of each GEMM-class op type", "",
+            "Counted FLOPs of the op type over its profiled kernel time (fused MatMul/Conv kernels counted as "
+            f"their op; the MatMul peak: {_num(r['peaks'].get('ort'))} GFLOP/s).", "",
+            "| graph | size | op types |", "|---|---|---|", *lines, ""]
+
+
+def _profile_table(rows: list[dict]) -> list[str]:
+    profiled = [r for r in rows if "profile" in r]
+    if not profiled:
+        return []
+    lines = ["## Where the time goes (profiled calls)", "",
+             "Shares of the profiled kernel time: GEMM-class kernels (MatMul, FullyConnected, Conv, ONNX Runtime's "
+             "MultiHeadAttention), OpenVINO's fused `Subgraph`s (Snippets: element-wise chains, and attention blocks "
+             "with their two products), layout copies (Transpose, Concat, Gather, Reorder, Convert ...) and the rest "
+             "(element-wise, norms, softmax); per op type the median of the profiled calls. GEMM kernels' GFLOP/s: "
+             "the GEMM FLOPs over the profiled time of the GEMM-class kernels and fused subgraphs (profiling adds "
+             "its own overhead, so this is a rough figure).", "",
+             "| graph | size | runtime | GEMM share | fused share | copy share | other share | "
+             "GEMM kernels' GFLOP/s (of peak) | top ops, ms | GEMM and fused kernels, ms |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for row in sorted(profiled, key=lambda x: (x["graph"], x["size"], x["runtime"])):
+        p, g = row["profile"], row.get("gemm_kernel_gflops")
+        of_peak = f" ({g / row['peak_gflops']:.2f})" if g and row["peak_gflops"] else ""
+        top = ", ".join(f"{k} {v:,.1f}" for k, v in list(p["top_ops_ms"].items())[:4])
+        kernels = ", ".join(f"{k} {v:.1f}" for k, v in list(p["gemm_kernels_ms"].items())[:3]) or "-"
+        lines.append(f"| {row['graph']} | {row['size']} | {LABEL[row['runtime']]} | {p['shares']['gemm']:.2f} | "
+                     f"{p['shares'].get('fused', 0):.2f} | {p['shares']['copy']:.2f} | {p['shares']['other']:.2f} | {_num(g, 1)}{of_peak} | {top} | "
+                     f"{kernels} |")
+    return lines + [""]
+
+
+COLOURS = {"ort": "#4c72b0", "ov-f32": "#55a868", "ov-bf16": "#c44e52", "ov-bf16-static": "#dd8452",
+           "ov-f32-static": "#8172b3"}
+MARKERS = {"backbone": "s", "text_encoder": "^", "grounding_head": "D", "propagation_decoder": "o",
+           "memory_encoder": "v", "interactive_decoder": "P", "mask_init": "X"}
+
+
+def plot(r: dict, path: Path) -> None:
+    """Log-log roofline: one line per runtime (its MatMul peak, the measured bandwidth), one point per graph,
+    call size and runtime."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows, bw = r["rows"], r["bandwidth"]["gbps"]
+    fig, ax = plt.subplots(figsize=(13, 6.5))
+    xs = np.logspace(np.log10(max(0.5, min(x["intensity"] for x in rows) / 2)),
+                     np.log10(max(x["intensity"] for x in rows) * 3), 200)
+    for rt in r["settings"]["runtimes"]:
+        peak = r["peaks"].get(rt)
+        if peak:
+            ax.plot(xs, np.minimum(peak, xs * bw), color=COLOURS.get(rt, "k"), lw=1.5, alpha=0.7,
+                    label=f"roofline {LABEL[rt]} ({peak:.0f} GFLOP/s, {bw:.0f} GB/s)")
+    for row in rows:
+        ax.scatter(row["intensity"], row["achieved_gflops"], color=COLOURS.get(row["runtime"], "k"),
+                   marker=MARKERS.get(row["graph"], "o"), s=40, zorder=3)
+        if row["graph"] in PER_OBJECT:
+            ax.annotate(str(row["size"]), (row["intensity"], row["achieved_gflops"]), fontsize=7,
+                        xytext=(4, 2), textcoords="offset points")
+    for graph in sorted({x["graph"] for x in rows}):
+        ax.scatter([], [], color="grey", marker=MARKERS.get(graph, "o"), label=graph.replace("_", " "))
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("arithmetic intensity, GEMM FLOPs per byte (weights + inputs + outputs)")
+    clock = "CPU" if r["settings"].get("clock") == "cpu" else "wall-clock"
+    ax.set_ylabel(f"achieved GFLOP/s (GEMM FLOPs / median {clock} time)")
+    ax.set_title(f"Roofline, {r['settings']['bundle']} ({r['machine']['cpu']}, {r['machine']['cores']} cores); "
+                 "numbers: objects", fontsize=9)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _bundle(args, log) -> Path:
+    if args.bundle:
+        return Path(args.bundle)
+    from benchmarks.bundles import get_bundle
+
+    return get_bundle(args.preset, Path(args.cache), log=log).bundle
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.roofline", description=__doc__.split("\n\n")[0])
+    p.add_argument("--bundle", default=None, help="a bundle folder (else --preset's seeded bundle from --cache)")
+    p.add_argument("--preset", default="mid", choices=("tiny", "mid", "full"))
+    p.add_argument("--cache", default="/tmp/roofcache", help="where --preset's bundle is exported once")
+    p.add_argument("--graphs", default=",".join(GRAPHS))
+    p.add_argument("--objects", default="1,16,64", help="call sizes of the per-object graphs")
+    p.add_argument("--memories", type=int, default=None, help="memories per object (default: num_maskmem)")
+    p.add_argument("--pointers", type=int, default=None, help="pointers per object (default: the encoder's maximum)")
+    p.add_argument("--runtimes", default=",".join(RUNTIMES), help=f"of {', '.join(PRECISION)}")
+    p.add_argument("--reps", type=int, default=3)
+    p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--profile-max", type=int, default=16, help="profile calls of at most this size (0: none)")
+    p.add_argument("--matmul-shape", default="4096,1024,2048", help="M,K,N of the peak MatMul")
+    p.add_argument("--bandwidth-mib", type=int, default=256, help="array size of the bandwidth passes")
+    p.add_argument("--profile-calls", type=int, default=3, help="profiled calls per case (median per op type)")
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--report", action="store_true", help="only rewrite roofline.md and .png from --out's results.json")
+    return p
+
+
+def write_report(r: dict, out: Path) -> None:
+    (out / "roofline.md").write_text(markdown(r))
+    plot(r, out / "roofline.png")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+    if args.report:  # results.json -> roofline.md and roofline.png again
+        write_report(json.loads((args.out / "results.json").read_text()), args.out)
+        return 0
+
+    def log(msg: str) -> None:
+        print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+    bundle = _bundle(args, log)
+    manifest = json.loads((bundle / "manifest.json").read_text())
+    tracker = manifest.get("config", {}).get("tracker", {})
+    memories = args.memories or tracker.get("num_maskmem", 7)
+    pointers = args.pointers or tracker.get("max_object_pointers_in_encoder", 16)
+    runtimes, objects = args.runtimes.split(","), [int(n) for n in args.objects.split(",")]
+    graphs = [g for g in args.graphs.split(",") if g in manifest["graphs"]]
+    cases = cases_of(graphs, objects)
+    r = {"command": "python -m benchmarks.roofline " + " ".join(argv if argv is not None else sys.argv[1:]),
+         "started": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()), "machine": machine(),
+         "settings": {"bundle": bundle.name, "graphs": graphs, "objects": objects, "memories": memories,
+                      "pointers": pointers, "runtimes": runtimes, "reps": args.reps, "threads": args.threads}}
+    log(f"memory bandwidth (load {_load()})")
+    r["bandwidth"] = memory_bandwidth(args.reps, args.threads, args.bandwidth_mib)
+    log(f"  {r['bandwidth']}")
+    log("counting FLOPs and bytes")
+    counts = count_cases(bundle, manifest, cases, memories, pointers, log)
+    feeds = {case: call_feeds(manifest, *case, memories, pointers) for case in cases}
+    log("timing")
+    shape = tuple(int(x) for x in args.matmul_shape.split(","))
+    timings, r["matmul"] = time_cases(bundle, manifest, cases, runtimes, feeds, args.reps, args.threads, shape, log)
+    clock = "cpu" if args.threads == 1 else "wall"  # CPU time sums threads: only one thread compares with wall
+    r["settings"]["clock"] = clock
+    r["peaks"] = {rt: r["matmul"][rt].get(f"{clock}_gflops") for rt in runtimes}
+    profiles = {}
+    for (runtime, graph, size) in timings:
+        if size <= args.profile_max:
+            profiles[(runtime, graph, size)] = profile_case(runtime, bundle / manifest["graphs"][graph]["file"],
+                                                            feeds[(graph, size)], args.threads, args.profile_calls)
+            log(f"  profiled {runtime} {graph} x{size}: {profiles[(runtime, graph, size)]['shares']}")
+    r["counts"] = [{"graph": g, "size": n, **c} for (g, n), c in counts.items()]
+    r["rows"] = roofline_rows(counts, timings, r["peaks"], r["bandwidth"]["gbps"], profiles, clock)
+    r["machine"]["load_end"] = _load()
+    r["machine"]["peak_rss_mb"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
+    r["finished"] = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
+    (args.out / "results.json").write_text(json.dumps(r, indent=1, default=str))
+    write_report(r, args.out)
+    log(f"wrote {args.out}/results.json, roofline.md, roofline.png")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
