@@ -26,6 +26,10 @@ class FrameResult:
     # pixel); the score of the object at its birth for objects born on this frame. Zeros when a
     # FrameResult is built without it (e.g. read back from JSON).
     tracker_probs: np.ndarray | None = None
+    # ids the reference's own output leaves out: SAM 3.1 keeps the object a click call was for in that
+    # call's result even when its mask is empty (so `r.object_ids[-1]` names a new object), where Meta's
+    # predictor drops every empty mask. to_official() leaves them out as Meta does.
+    official_omits: tuple[int, ...] = ()
 
     def __post_init__(self):
         if self.tracker_probs is None:
@@ -49,16 +53,18 @@ class FrameResult:
         official ``obj_id_to_score``); ``out_boxes_xywh`` float32 [N, 4], ``(x0 / W, y0 / H, w / W,
         h / H)`` from ``boxes_xyxy`` (inclusive pixel corners, as ``masks_to_boxes`` gives them, so
         ``w = x1 - x0``); ``out_binary_masks`` bool [N, H, W]; ``frame_stats`` None. Arrays are copies.
+        Objects in ``official_omits`` are left out.
         """
         h, w = self.height, self.width
-        boxes = np.asarray(self.boxes_xyxy, np.float32).reshape(-1, 4)
+        shown = ~np.isin(np.asarray(self.object_ids, np.int64), list(self.official_omits))
+        boxes = np.asarray(self.boxes_xyxy, np.float32).reshape(-1, 4)[shown]
         xywh = np.concatenate([boxes[:, :2], boxes[:, 2:] - boxes[:, :2]], axis=1)
         xywh /= np.asarray([w, h, w, h], np.float32)
         return {
-            "out_obj_ids": np.asarray(self.object_ids, np.int64).copy(),
-            "out_probs": np.asarray(self.scores, np.float32).copy(),
+            "out_obj_ids": np.asarray(self.object_ids, np.int64)[shown],
+            "out_probs": np.asarray(self.scores, np.float32)[shown],
             "out_boxes_xywh": xywh.astype(np.float32),
-            "out_binary_masks": np.asarray(self.masks, bool).copy(),
+            "out_binary_masks": np.asarray(self.masks, bool)[shown],
             "frame_stats": None,
         }
 

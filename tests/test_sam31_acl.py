@@ -20,7 +20,7 @@ import sam3track
 from graphs.sam31 import reference as ref
 from sam3track.testing.acl_emulator import install
 
-from .conftest import AVX512, CLIPS, CPU_ISA, mask_iou
+from .conftest import CLIPS, CPU_ISA, mask_iou
 from .export_cache import cached_conversion
 from .reference_video import TIE  # a logit this close to 0 may threshold either way
 
@@ -151,10 +151,13 @@ def test_text_tracking_on_acl_matches_onnxruntime(runs):
 # between slot 8 of the two buckets flips: object 24 gets the 482-pixel mask object 8 has in the
 # unplanned run. ONNX Runtime forced to the OM bundle's compiled gears (gears="compiled") gives the acl
 # run's masks exactly, so the emulated acl path is right and the difference is the batching's rounding.
-# Measured on an AVX512-BF16 CPU; the AVX-512 classes have had equal outcomes (tests/conftest.py).
+# Measured to diverge on AMD Zen 4 (avx512-bf16); on a Xeon with AMX (avx512-amx) the tie does not
+# flip, with two threads and with one (a pytest-xdist worker's share of 2 cores), so no mark there.
+# Elsewhere not measured: non-strict.
 BUCKET_CHUNK_ROUNDING = pytest.mark.xfail(
-    strict=CPU_ISA in AVX512, reason="one bucket per memory_encoder call rounds the memories differently from ONNX "
-    "Runtime's two-bucket call; a near tie on frame 2 flips (matches ONNX Runtime at the compiled gears)")
+    CPU_ISA != "avx512-amx", strict=CPU_ISA == "avx512-bf16",
+    reason="one bucket per memory_encoder call rounds the memories differently from ONNX Runtime's two-bucket "
+    "call; a near tie on frame 2 flips (matches ONNX Runtime at the compiled gears)")
 
 
 @BUCKET_CHUNK_ROUNDING

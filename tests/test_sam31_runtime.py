@@ -781,4 +781,7 @@ def test_a_new_clicked_object_with_an_empty_mask_is_in_its_prompts_result(bundle
         r = s.add_prompt(frame_index=1, points=[[20, 20]], labels=[1])
         assert r.object_ids.tolist() == [0, 1] and not r.masks[1].any() and r.masks[0].any()
         assert r.boxes_xyxy[1].tolist() == [0, 0, 0, 0] and len(r.prompts) == len(r.tracker_probs) == 2
+        official = r.to_official()  # Meta's output format drops the empty mask, as Meta's predictor does
+        assert official["out_obj_ids"].tolist() == [0] and official["out_binary_masks"].shape[0] == 1
+        assert official["out_probs"].shape == (1,) and official["out_boxes_xywh"].shape == (1, 4)
         assert 1 in s.add_prompt(frame_index=1, points=[[30, 30]], obj_id=r.object_ids[-1]).object_ids

@@ -325,7 +325,8 @@ class Sam31Session(SessionBase):
         non-overlap by tracker probability, boxes from the masks. scores: the obj_id_to_score the
         frame's output carries (Meta snapshots it per frame; fetches read the current one).
         prompted: the object a click call was for, kept even when empty (Meta drops it), so that the
-        call's result always names it: `r.object_ids[-1]` after a new object is its id."""
+        call's result always names it: `r.object_ids[-1]` after a new object is its id; its
+        to_official() leaves it out, as Meta's output does."""
         h, w = (self.source.height, self.source.width) if self.source is not None else self._stream_size
         ids = sorted(obj_id_to_mask)
         if not ids:
@@ -336,15 +337,18 @@ class Sam31Session(SessionBase):
         probs = np.asarray([scores[o] for o in ids], np.float32)
         tracker_probs = np.asarray([frame_scores.get(o, 0.0) for o in ids], np.float32)
         keep = masks.reshape(len(ids), -1).any(1) & ~np.isin(ids, list(hidden))
+        omits = ()
         if prompted is not None:
             asked = np.asarray(ids) == prompted
             masks[asked & ~keep] = False  # shown, but empty when hidden
+            omits = (prompted,) if (asked & ~keep).any() else ()
             keep |= asked
         ids = np.asarray(ids, np.int64)[keep]
         masks, probs, tracker_probs = masks[keep], probs[keep], tracker_probs[keep]
         masks = objectwise_non_overlap(masks, tracker_probs)
         return FrameResult(frame_index=frame, object_ids=ids, scores=probs, boxes_xyxy=masks_to_boxes(masks),
-                           masks=masks, prompts=[self.tracker_text] * len(ids), tracker_probs=tracker_probs)
+                           masks=masks, prompts=[self.tracker_text] * len(ids), tracker_probs=tracker_probs,
+                           official_omits=omits)
 
     @property
     def tracker_text(self) -> str:
