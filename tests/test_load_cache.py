@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -183,3 +184,27 @@ def test_openvino_compiles_deferred_graphs_at_first_use_into_its_cache(tiny_bund
         assert {n for n, g in predictor.graphs.items() if g.compiled is None} == DEFERRED
         folders = list(cache.glob("openvino-*/*"))
         assert len(folders) == 1 and any(folders[0].iterdir())  # OpenVINO's blobs, in the bundle's folder
+
+
+def test_openvino_precisions_and_thread_counts_never_share_compiled_blobs(tiny_bundle, tmp_path):
+    """OpenVINO 2026.4 names one blob for a graph at f32, bf16, one thread and every thread: in one cache
+    folder a bf16 load imported the fp32 compile and corrupted the heap at its first run (the suite's
+    crash in the benchmark smoke test). Each config gets its own folder, from load() and from an explicit
+    cache_dir= alike."""
+    pytest.importorskip("openvino")
+    from sam3track.backends import create_backend
+    from sam3track.backends.openvino import cpu_capabilities
+
+    precisions = ("fp32", "bf16") if "BF16" in cpu_capabilities() else ("fp32",)
+    configs = [(p, t) for p in precisions for t in (None, 1)]
+    cache = tmp_path / "cache"
+    for precision, threads in configs:
+        with sam3track.load(tiny_bundle, backend="openvino", compile_cache=cache, precision=precision,
+                            threads=threads) as predictor:
+            folder = Path(predictor.backend._config["CACHE_DIR"])
+            assert folder.parent.name.startswith("openvino-") and any(folder.iterdir())  # blobs written
+    assert len(list(cache.glob("openvino-*/*"))) == len(configs)
+    explicit = tmp_path / "explicit"
+    for precision, threads in configs:
+        create_backend("openvino", "cpu", precision=precision, threads=threads, cache_dir=explicit).close()
+    assert sorted(p.name for p in explicit.iterdir()) == sorted(f"{p}-threads-{t or 'all'}" for p, t in configs)

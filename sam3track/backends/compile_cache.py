@@ -66,12 +66,17 @@ class CompileCache:
         key = _digest({"schema": SCHEMA, "graph": name, "files": self.digests.get(name, {}), "options": options})
         return self.root / runtime / f"{name}-{key}"
 
-    def openvino_dir(self, version: str) -> Path | None:
-        """OpenVINO's CACHE_DIR for this bundle (None: no cache). OpenVINO keys its blobs by model and
-        config itself; one folder per bundle content keeps them findable (and removable) by bundle."""
+    def openvino_dir(self, version: str, config: dict) -> Path | None:
+        """OpenVINO's CACHE_DIR for this bundle, CPU and compile config (None: no cache). OpenVINO keys
+        its blobs by model but, in 2026.4's CPU plugin, not by INFERENCE_PRECISION_HINT or
+        INFERENCE_NUM_THREADS (measured: f32, bf16, one thread and every thread all name one blob), so
+        a bf16 load imported a graph compiled for fp32 and corrupted the heap at its first run: one
+        folder per config keeps each config's blobs apart."""
         if self.root is None:
             return None
-        return self.root / f"openvino-{version}" / _digest({"schema": SCHEMA, "graphs": self.digests})
+        config = {str(k): str(v) for k, v in config.items()}
+        return self.root / f"openvino-{version}" / _digest({"schema": SCHEMA, "graphs": self.digests,
+                                                            "config": config, "cpu": cpu_key()})
 
     # ------------------------------------------------------------------------------ onnxruntime
     def ort_entry(self, ort, name: str, providers: list[str]) -> Path | None:

@@ -16,6 +16,7 @@ import threading
 import time
 import weakref
 from collections import OrderedDict
+from pathlib import Path
 
 import numpy as np
 import openvino as ov
@@ -112,7 +113,8 @@ class OpenVinoBackend(Backend):
                  cache_dir: str | os.PathLike | None = None, shapes: str | None = None, compile_cache=None):
         """device: "cpu". threads: OpenVINO's INFERENCE_NUM_THREADS (None: OpenVINO's default, every
         core). precision: "fp32" (default) or "bf16" (CPUs whose OPTIMIZATION_CAPABILITIES list BF16:
-        AMX, AVX512-BF16). cache_dir: a folder for OpenVINO's compiled-model cache (None: no cache).
+        AMX, AVX512-BF16). cache_dir: a folder for OpenVINO's compiled-model cache, one subfolder per
+        precision and thread count (None: no cache).
         shapes: "dynamic" (default: one compile per graph) or "static" (one compile per graph and
         distinct input shapes, faster runs; see the module docstring). compile_cache: the load's
         compile_cache.CompileCache: its folder of the bundle is the CACHE_DIR when cache_dir is unset,
@@ -144,7 +146,9 @@ class OpenVinoBackend(Backend):
             self._config["INFERENCE_NUM_THREADS"] = int(threads)
         self._deferred = compile_cache.deferred if compile_cache is not None else frozenset()
         if cache_dir is None and compile_cache is not None:
-            cache_dir = _usable(compile_cache.openvino_dir(_VERSION))
+            cache_dir = _usable(compile_cache.openvino_dir(_VERSION, self._config))
+        elif cache_dir is not None:  # OpenVINO's blob key leaves precision and threads out: a folder each
+            cache_dir = _usable(Path(cache_dir) / f"{precision}-threads-{threads or 'all'}")
         if cache_dir is not None:
             self._config["CACHE_DIR"] = str(cache_dir)
         self.compile_seconds: dict[str, float] = {}  # graph name -> read + compile time
