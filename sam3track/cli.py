@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import warnings
 from collections.abc import Sequence
 from typing import NoReturn
 
@@ -82,8 +83,20 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _warning_line(message, category, filename, lineno, file=None, line=None) -> None:
+    """A warning as one ``warning:`` line: Python's default shows the source line that raised it
+    (``warnings.warn(``), which tells a command-line user nothing."""
+    print(f"warning: {message}", file=sys.stderr if file is None else file, flush=True)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``sam3track`` command; returns the exit code."""
+    with warnings.catch_warnings():
+        warnings.showwarning = _warning_line
+        return _main(argv)
+
+
+def _main(argv: Sequence[str] | None) -> int:
     parser = build_parser()
     argv = _join_dashed_values(sys.argv[1:] if argv is None else argv)
     try:

@@ -172,3 +172,25 @@ def test_click_errors_that_need_the_video(tmp_path: Path, capsys) -> None:
         err = _run_error(common + option, capsys)
         assert culprit in err, err
     assert not (tmp_path / "o.mp4").exists()
+
+
+def test_a_warning_reaches_a_cli_user_as_one_line(monkeypatch, capsys, tmp_path: Path) -> None:
+    """A warning raised under a command (e.g. CapacityWarning when births pass the pool cap) is one
+    ``warning:`` line on stderr, not Python's two-line form whose second line is ``warnings.warn(``."""
+    import warnings
+
+    import sam3track
+    from sam3track import cli
+    from sam3track.commands import info
+
+    def warns(args):
+        warnings.warn("frame 3: 2 new objects were not made; load with a larger pool_objects",
+                      sam3track.CapacityWarning, stacklevel=1)
+        return 0
+
+    monkeypatch.setattr(info, "cmd_info", warns)
+    before = warnings.showwarning
+    assert cli.main(["info", str(tmp_path)]) == 0
+    err = capsys.readouterr().err
+    assert err == "warning: frame 3: 2 new objects were not made; load with a larger pool_objects\n"
+    assert warnings.showwarning is before  # put back for the caller of main()
