@@ -39,7 +39,7 @@ class OvGraph(Graph):
     def __init__(self, name: str, model, compiled, gears: dict[str, tuple[int, ...]], compile_for=None,
                  deferred=None):
         """model: the graph as read (its ports carry the ONNX names; compiling can merge other tensor
-        names into them); compiled: the same graph compiled with its dynamic axes, ports in the same
+        names into them), kept only while a compile still needs it (static shapes, deferred); compiled: the same graph compiled with its dynamic axes, ports in the same
         order, or None with shapes="static", where compile_for(model, input shapes) compiles a copy of
         the model reshaped to those shapes, or None for a graph the load deferred: deferred(model)
         compiles it at its first run."""
@@ -59,6 +59,8 @@ class OvGraph(Graph):
                        for n, p in zip(self.input_names + self.output_names, ports)}
         self.sizes = dict(gears)
         self.output_types = [p.get_element_type() for p in model.outputs]
+        if compiled is not None:  # the read model holds the graph's weights as read (fp32): not needed now
+            self.model = None
         self.loaded = True
 
     def request_for(self, shapes: tuple) -> tuple:
@@ -66,6 +68,7 @@ class OvGraph(Graph):
         if self.compiled is None and self.deferred is not None:  # a deferred graph's first run
             self.compiled, self.deferred = self.deferred(self.model), None
             self.request = self.compiled.create_infer_request()
+            self.model = None
         if self.compile_for is None:
             return self.request, self.compiled
         entry = self.static.get(shapes)
