@@ -117,3 +117,21 @@ def test_remove_object_mid_propagation_hides_it_from_results_still_held_back(tin
         assert all(victim not in r.object_ids for r in rest)
         assert victim not in s.object_ids
         assert len(seen) + len(rest) == len(frames)
+
+
+def test_closing_an_onnxruntime_backend_hands_freed_heap_back(tiny_bundle, monkeypatch):
+    """glibc keeps freed heap pages for the life of the process: a full-size predictor loaded without
+    a cache entry left 3.5 GB resident after close() (docs/speed.md, "Memory at full size"). close()
+    hands them back (malloc_trim), after the sessions are released."""
+    from sam3track.backends import onnxruntime as ort_backend
+
+    calls = []
+    monkeypatch.setattr(ort_backend, "_return_freed_heap", lambda: calls.append(p.backend.closed))
+    p = sam3track.load(tiny_bundle, backend="onnxruntime")
+    assert calls == []
+    p.close()
+    assert calls == [True]
+    ort_backend._MALLOC_TRIM = None
+    monkeypatch.undo()
+    ort_backend._return_freed_heap()  # glibc here: the real call runs
+    assert ort_backend._MALLOC_TRIM is not None

@@ -380,6 +380,7 @@ class OnnxRuntimeBackend(Backend):
         for storage in list(self._storages):
             storage.ortvalue = None
         self.closed = True
+        _return_freed_heap()
 
 
 def _check_gears(gears):
@@ -400,3 +401,25 @@ _ORT_TO_NUMPY = {
     "tensor(float)": np.float32, "tensor(float16)": np.float16, "tensor(int64)": np.int64,
     "tensor(int32)": np.int32, "tensor(bool)": np.bool_, "tensor(uint8)": np.uint8, "tensor(double)": np.float64,
 }
+
+
+_MALLOC_TRIM = None
+
+
+def _return_freed_heap() -> None:
+    """Hand the C heap's free pages back to the system (glibc's malloc_trim; nothing elsewhere). The
+    sessions of graphs optimised at load keep their weights in heap memory that glibc keeps for the life
+    of the process once freed: after close() of a full-size predictor loaded without a cache entry, 3.5 GB
+    stayed resident (a server that loads and closes bundles would grow by that much each time)."""
+    global _MALLOC_TRIM
+    if _MALLOC_TRIM is None:
+        import ctypes
+        import ctypes.util
+
+        try:
+            _MALLOC_TRIM = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
+        except (OSError, AttributeError):  # not glibc
+            _MALLOC_TRIM = False
+    if _MALLOC_TRIM:
+        _MALLOC_TRIM(0)
+
