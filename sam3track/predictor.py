@@ -86,6 +86,7 @@ class Predictor:
         if gears is not None:
             options["gears"] = gears
         predictor = cls(bundle, create_backend(backend, device, **options), config)
+        options["compile_cache"].prune()  # the cache stays within its cap, this load's entries kept
         predictor.backend_choice = choice or Choice(
             backend, {k: v for k, v in options.items() if k not in ("threads", "compile_cache")}, "backend= given")
         return predictor

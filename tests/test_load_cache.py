@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -208,3 +209,48 @@ def test_openvino_precisions_and_thread_counts_never_share_compiled_blobs(tiny_b
     for precision, threads in configs:
         create_backend("openvino", "cpu", precision=precision, threads=threads, cache_dir=explicit).close()
     assert sorted(p.name for p in explicit.iterdir()) == sorted(f"{p}-threads-{t or 'all'}" for p, t in configs)
+
+
+def _fake_entry(folder: Path, size: int, age_seconds: float) -> Path:
+    folder.mkdir(parents=True)
+    (folder / "model.data").write_bytes(b"\0" * size)
+    used = time.time() - age_seconds
+    os.utime(folder, (used, used))
+    return folder
+
+
+def test_the_cache_stays_within_its_cap_dropping_entries_used_least_recently(tiny_bundle, tmp_path, capfd,
+                                                                             monkeypatch):
+    """Past $SAM3TRACK_CACHE_MAX_GB a load removes whole entries, least recently used first: never its
+    own, never one used in the last hour (another process may be opening it), and says so on stderr."""
+    cache = tmp_path / "cache"
+    _load(tiny_bundle, cache)[0].close()
+    mine = set(_entries(cache))
+    old_ort = _fake_entry(cache / "onnxruntime-0.0.0" / "backbone-old", 300_000, 3 * 86400)
+    older_ov = _fake_entry(cache / "openvino-0.0" / "older", 300_000, 5 * 86400)
+    recent = _fake_entry(cache / "onnxruntime-0.0.0" / "backbone-recent", 300_000, 60)
+    capfd.readouterr()
+    monkeypatch.setenv("SAM3TRACK_CACHE_MAX_GB", "0.000001")  # 1 kB: everything that may go, goes
+    before = STATS["evicted"]
+    predictor, did = _load(tiny_bundle, cache)
+    predictor.close()
+    assert did == {"hit": len(mine)} and STATS["evicted"] - before == 2
+    assert not old_ort.exists() and not older_ov.exists() and recent.exists()
+    assert set(_entries(cache)) == mine  # this load's entries stay, whatever the cap
+    assert "removed 2 entries used least recently" in capfd.readouterr().err
+    monkeypatch.setenv("SAM3TRACK_CACHE_MAX_GB", "0")  # no cap
+    _fake_entry(cache / "onnxruntime-0.0.0" / "backbone-old", 300_000, 3 * 86400)
+    _load(tiny_bundle, cache)[0].close()
+    assert (cache / "onnxruntime-0.0.0" / "backbone-old").exists() and STATS["evicted"] - before == 2
+
+
+def test_pruning_goes_oldest_first_and_stops_at_the_cap(tmp_path):
+    from sam3track.backends.compile_cache import prune
+
+    a = _fake_entry(tmp_path / "onnxruntime-1" / "a", 1000, 4 * 3600)
+    b = _fake_entry(tmp_path / "onnxruntime-1" / "b", 1000, 3 * 3600)
+    c = _fake_entry(tmp_path / "openvino-1" / "c", 1000, 2 * 3600)
+    (tmp_path / "hashes").mkdir()  # sha256 records: not entries
+    assert prune(tmp_path, 1500, keep={a}) == [b, c]  # a is kept (in use); b, then c, down to 1000
+    assert prune(tmp_path, 1500) == [] and a.exists()  # within the cap
+    assert prune(tmp_path, None) == [] and a.exists()

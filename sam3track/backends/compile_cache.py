@@ -13,7 +13,9 @@ own compiled-model cache (CACHE_DIR), in a folder of the bundle.
 An entry is keyed by the graph's sha256s from the manifest, the runtime and its version, the providers and
 the CPU (not the thread count, which only sizes pools). It is written in a private folder and renamed into
 place, so concurrent loads each see a whole entry or none; an entry that fails to open, or whose files
-changed size or time, is removed and written again. Layout and numbers: docs/speed.md, "Load time".
+changed size or time, is removed and written again. After each load, entries used least recently go
+while the cache is over its cap ($SAM3TRACK_CACHE_MAX_GB, default 20). Layout and numbers: docs/speed.md,
+"Load time".
 """
 
 from __future__ import annotations
@@ -31,6 +33,12 @@ from pathlib import Path
 from ..user_cache import cache_folder, read_json
 
 SCHEMA = 1  # bump when an entry's layout or meaning changes: older entries are then never read
+# The cache's size cap: beyond it the entries used least recently go, never one used in the last
+# RECENT_SECONDS (a load in another process may be opening it). $SAM3TRACK_CACHE_MAX_GB sets it; 0: no cap.
+# 20 GB hold one full-size bundle's entries for ONNX Runtime (6.2 GB) and two OpenVINO configs.
+ENV_MAX_GB = "SAM3TRACK_CACHE_MAX_GB"
+DEFAULT_MAX_GB = 20.0
+RECENT_SECONDS = 3600.0
 ENTRY = "entry.json"  # written last inside the entry; lists its files with their sizes and times
 STALE_PARTIAL_SECONDS = 3600.0  # a private folder this old belongs to a killed load
 
@@ -50,6 +58,7 @@ class CompileCache:
         self.root = Path(root) if root is not None else None
         self.digests = digests  # graph name -> {file: sha256}, from the manifest
         self.deferred = frozenset(deferred)
+        self.used: set[Path] = set()  # this load's entries: marked used now, never pruned by it
 
     @classmethod
     def for_bundle(cls, bundle, setting=None) -> "CompileCache":
@@ -75,8 +84,10 @@ class CompileCache:
         if self.root is None:
             return None
         config = {str(k): str(v) for k, v in config.items()}
-        return self.root / f"openvino-{version}" / _digest({"schema": SCHEMA, "graphs": self.digests,
-                                                            "config": config, "cpu": cpu_key()})
+        folder = self.root / f"openvino-{version}" / _digest({"schema": SCHEMA, "graphs": self.digests,
+                                                              "config": config, "cpu": cpu_key()})
+        self._mark_used(folder)
+        return folder
 
     # ------------------------------------------------------------------------------ onnxruntime
     def ort_entry(self, ort, name: str, providers: list[str]) -> Path | None:
@@ -91,6 +102,7 @@ class CompileCache:
         record = _valid_record(entry) if entry is not None else None
         if record is None or not isinstance(record.get("io"), dict):
             return None
+        self._mark_used(entry)
         STATS["hit"] += 1
         return str(entry / "model.onnx"), record["io"]
 
@@ -98,6 +110,7 @@ class CompileCache:
         """A private folder to save graph `entry` into, or None when the cache is off or unwritable."""
         if entry is None:
             return None
+        self.used.add(entry)
         temp = entry.with_name(f"{entry.name}.{os.getpid()}.{secrets.token_hex(4)}.partial")
         try:
             entry.parent.mkdir(parents=True, exist_ok=True)
@@ -107,6 +120,21 @@ class CompileCache:
             _warn(f"cannot write the compile cache in {entry.parent} ({_first_line(exc)}); loading without it")
             return None
         return EntryWriter(entry, temp)
+
+    def _mark_used(self, entry: Path) -> None:
+        """Record `entry` as this load's and stamp it used now (its folder's time: what pruning sorts by)."""
+        self.used.add(entry)
+        try:
+            os.utime(entry)
+        except OSError:  # not made yet (OpenVINO makes its folder's blobs), or a read-only cache
+            pass
+
+    def prune(self) -> list[Path]:
+        """After a load: remove the entries used least recently while the cache holds more than its cap
+        (ENV_MAX_GB), never this load's nor any used in the last RECENT_SECONDS. The entries removed."""
+        if self.root is None:
+            return []
+        return prune(self.root, max_bytes(), keep=self.used)
 
     def drop(self, model: str, why: str) -> None:
         """Remove the entry holding `model` (a saved graph from ort_lookup that failed to open)."""
@@ -192,6 +220,75 @@ def _valid_record(entry: Path) -> dict | None:
         _remove(entry, "its files changed size or time since it was written")
         return None
     return record
+
+
+def max_bytes() -> int | None:
+    """The cache's cap in bytes from $SAM3TRACK_CACHE_MAX_GB (default DEFAULT_MAX_GB); None: no cap."""
+    text = os.environ.get(ENV_MAX_GB, "").strip()
+    try:
+        gb = float(text) if text else DEFAULT_MAX_GB
+    except ValueError:
+        _warn(f"${ENV_MAX_GB}={text!r} is not a number of GB; using {DEFAULT_MAX_GB:g}")
+        gb = DEFAULT_MAX_GB
+    return int(gb * 1e9) if gb > 0 else None
+
+
+def prune(root: Path, limit: int | None, keep=(), now: float | None = None) -> list[Path]:
+    """Remove whole entries of the cache under `root`, least recently used first, until the entries
+    hold at most `limit` bytes. Entries in `keep` and those used within RECENT_SECONDS stay (the cache
+    may then stay over its cap). Each goes by rename first, as _remove does."""
+    if limit is None:
+        return []
+    now = time.time() if now is None else now
+    entries = []
+    for runtime in _subfolders(root):
+        if runtime.name.startswith(("onnxruntime-", "openvino-")):
+            for entry in _subfolders(runtime):
+                try:
+                    used = entry.stat().st_mtime
+                except OSError:  # removed meanwhile
+                    continue
+                if not entry.name.endswith(".partial"):
+                    entries.append((used, _size(entry), entry))
+    total = sum(size for _, size, _ in entries)
+    removed = []
+    keep = {Path(k) for k in keep}
+    for used, size, entry in sorted(entries, key=lambda t: t[0]):
+        if total <= limit:
+            break
+        if entry in keep or now - used < RECENT_SECONDS:
+            continue
+        doomed = entry.with_name(f"{entry.name}.{os.getpid()}.{secrets.token_hex(4)}.removed.partial")
+        try:
+            os.rename(entry, doomed)
+        except OSError:
+            continue  # another process removed or replaced it
+        shutil.rmtree(doomed, ignore_errors=True)
+        total -= size
+        removed.append(entry)
+    if removed:
+        STATS["evicted"] += len(removed)
+        _warn(f"compile cache over {limit / 1e9:g} GB (${ENV_MAX_GB}): removed {len(removed)} entries used least "
+              f"recently; {total / 1e9:.1f} GB left in {root}")
+    return removed
+
+
+def _subfolders(folder: Path) -> list[Path]:
+    try:
+        return [p for p in folder.iterdir() if p.is_dir()]
+    except OSError:
+        return []
+
+
+def _size(folder: Path) -> int:
+    total = 0
+    for base, _, files in os.walk(folder):
+        for name in files:
+            try:
+                total += os.stat(os.path.join(base, name)).st_size
+            except OSError:
+                pass
+    return total
 
 
 def _io_of(session) -> dict:
