@@ -83,17 +83,24 @@ def session(runtime: str, path: Path, threads: int | None, feeds: dict | None = 
             options.intra_op_num_threads = threads
         s = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
         return lambda feeds: s.run(None, feeds)
+    request = openvino_request(runtime, path, threads, feeds)
+    return lambda feeds: request.infer(feeds)
+
+
+def openvino_request(runtime: str, path: Path, threads: int | None, feeds: dict | None = None, **config):
+    """An OpenVINO infer request for the graph at ``path`` ("ov-bf16*": bf16, else f32; "*-static":
+    compiled for the shapes of ``feeds``); config: more compile properties (e.g. PERF_COUNT=True)."""
     from sam3track.backends.openvino import shared_core  # one Core per process: see its docstring
 
-    config = {"INFERENCE_PRECISION_HINT": "bf16" if "bf16" in runtime else "f32", "PERFORMANCE_HINT": "LATENCY"}
+    config = {"INFERENCE_PRECISION_HINT": "bf16" if "bf16" in runtime else "f32", "PERFORMANCE_HINT": "LATENCY",
+              **config}
     if threads:
         config["INFERENCE_NUM_THREADS"] = threads
     core = shared_core()
     model = core.read_model(str(path))
     if runtime.endswith("-static"):
         model.reshape({p: list(feeds[p.get_node().get_friendly_name()].shape) for p in model.inputs})
-    request = core.compile_model(model, "CPU", config).create_infer_request()
-    return lambda feeds: request.infer(feeds)
+    return core.compile_model(model, "CPU", config).create_infer_request()
 
 
 def time_graphs(bundles: list[Path], graphs: list[str], runtimes: list[str], objects: list[int], memories: int,

@@ -44,7 +44,7 @@ from pathlib import Path
 import numpy as np
 
 from benchmarks.flops import count_graph
-from benchmarks.graph_speed import cpu_flags, graph_inputs, session
+from benchmarks.graph_speed import cpu_flags, graph_inputs, openvino_request, session
 
 GRAPHS = ("backbone", "text_encoder", "grounding_head", "propagation_decoder", "memory_encoder")
 PER_OBJECT = ("propagation_decoder", "memory_encoder", "interactive_decoder", "mask_init")
@@ -235,17 +235,7 @@ def profile_ov(runtime: str, path: Path, feeds: dict, threads: int | None, calls
     """Milliseconds per layer type in OpenVINO calls with PERF_COUNT on (per type, the median over ``calls``
     calls after a warm-up one), and the kernels (exec types) of its GEMM-class layers: says whether bf16 ran
     on AMX."""
-    from sam3track.backends.openvino import shared_core
-
-    config = {"INFERENCE_PRECISION_HINT": PRECISION[runtime].replace("fp32", "f32"), "PERFORMANCE_HINT": "LATENCY",
-              "PERF_COUNT": True}
-    if threads:
-        config["INFERENCE_NUM_THREADS"] = threads
-    core = shared_core()
-    model = core.read_model(str(path))
-    if runtime.endswith("-static"):
-        model.reshape({p: list(feeds[p.get_node().get_friendly_name()].shape) for p in model.inputs})
-    request = core.compile_model(model, "CPU", config).create_infer_request()
+    request = openvino_request(runtime, path, threads, feeds, PERF_COUNT=True)
     request.infer(feeds)
     per_call, kernels = [], collections.Counter()
     for _ in range(calls):
