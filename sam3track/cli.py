@@ -86,7 +86,13 @@ def build_parser() -> argparse.ArgumentParser:
 def _warning_line(message, category, filename, lineno, file=None, line=None) -> None:
     """A warning as one ``warning:`` line: Python's default shows the source line that raised it
     (``warnings.warn(``), which tells a command-line user nothing."""
-    print(f"warning: {message}", file=sys.stderr if file is None else file, flush=True)
+    stream = sys.stderr if file is None else file
+    if stream is None:  # no stderr (pythonw, a detached service): nowhere to say it, as Python's own
+        return
+    try:
+        print(f"warning: {message}", file=stream, flush=True)
+    except (OSError, ValueError):  # a closed or broken pipe: a warning never stops the work
+        pass
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -133,5 +133,10 @@ def test_closing_an_onnxruntime_backend_hands_freed_heap_back(tiny_bundle, monke
     assert calls == [True]
     ort_backend._MALLOC_TRIM = None
     monkeypatch.undo()
-    ort_backend._return_freed_heap()  # glibc here: the real call runs
-    assert ort_backend._MALLOC_TRIM is not None
+    ort_backend._return_freed_heap()  # the real call, where there is one
+    import platform
+
+    if platform.libc_ver()[0] == "glibc":
+        assert callable(ort_backend._MALLOC_TRIM)
+    else:
+        assert ort_backend._MALLOC_TRIM is False

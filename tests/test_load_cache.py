@@ -4,6 +4,7 @@ never from the clock."""
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import subprocess
@@ -226,9 +227,9 @@ def test_the_cache_stays_within_its_cap_dropping_entries_used_least_recently(tin
     cache = tmp_path / "cache"
     _load(tiny_bundle, cache)[0].close()
     mine = set(_entries(cache))
-    old_ort = _fake_entry(cache / "onnxruntime-0.0.0" / "backbone-old", 300_000, 3 * 86400)
-    older_ov = _fake_entry(cache / "openvino-0.0" / "older", 300_000, 5 * 86400)
-    recent = _fake_entry(cache / "onnxruntime-0.0.0" / "backbone-recent", 300_000, 60)
+    old_ort = _fake_entry(cache / "onnxruntime-0.0.0" / f"backbone-{'a' * 32}", 300_000, 3 * 86400)
+    older_ov = _fake_entry(cache / "openvino-0.0" / ("b" * 32), 300_000, 5 * 86400)
+    recent = _fake_entry(cache / "onnxruntime-0.0.0" / f"backbone-{'c' * 32}", 300_000, 60)
     capfd.readouterr()
     monkeypatch.setenv("SAM3TRACK_CACHE_MAX_GB", "0.000001")  # 1 kB: everything that may go, goes
     before = STATS["evicted"]
@@ -236,21 +237,36 @@ def test_the_cache_stays_within_its_cap_dropping_entries_used_least_recently(tin
     predictor.close()
     assert did == {"hit": len(mine)} and STATS["evicted"] - before == 2
     assert not old_ort.exists() and not older_ov.exists() and recent.exists()
-    assert set(_entries(cache)) == mine  # this load's entries stay, whatever the cap
+    assert set(_entries(cache)) == mine  # this load's entries stay (stamped used as it opens them)
     assert "removed 2 entries used least recently" in capfd.readouterr().err
     monkeypatch.setenv("SAM3TRACK_CACHE_MAX_GB", "0")  # no cap
-    _fake_entry(cache / "onnxruntime-0.0.0" / "backbone-old", 300_000, 3 * 86400)
+    _fake_entry(old_ort, 300_000, 3 * 86400)
     _load(tiny_bundle, cache)[0].close()
-    assert (cache / "onnxruntime-0.0.0" / "backbone-old").exists() and STATS["evicted"] - before == 2
+    assert old_ort.exists() and STATS["evicted"] - before == 2
 
 
-def test_pruning_goes_oldest_first_and_stops_at_the_cap(tmp_path):
-    from sam3track.backends.compile_cache import prune
+def test_pruning_goes_oldest_first_and_stops_at_the_cap(tmp_path, monkeypatch):
+    from sam3track.backends.compile_cache import CompileCache, prune
 
-    a = _fake_entry(tmp_path / "onnxruntime-1" / "a", 1000, 4 * 3600)
-    b = _fake_entry(tmp_path / "onnxruntime-1" / "b", 1000, 3 * 3600)
-    c = _fake_entry(tmp_path / "openvino-1" / "c", 1000, 2 * 3600)
+    key = "0123456789abcdef" * 2  # entry folders are named <graph>-<32 hex> (ONNX Runtime) or <32 hex>
+    a = _fake_entry(tmp_path / "onnxruntime-1.0" / f"backbone-{key}", 1000, 4 * 3600)
+    b = _fake_entry(tmp_path / "onnxruntime-1.0" / f"text_encoder-{key}", 1000, 3 * 3600)
+    c = _fake_entry(tmp_path / "openvino-1.0" / key, 1000, 2 * 3600)
+    stray = _fake_entry(tmp_path / "onnxruntime-linux-x64-1.20.1" / "lib", 1000, 9 * 3600)  # not ours
+    other = _fake_entry(tmp_path / "openvino-1.0" / "notes", 1000, 9 * 3600)  # not an entry's name
+    killed = _fake_entry(tmp_path / "openvino-1.0" / f"{key}.123.abcd.partial", 1000, 5 * 3600)
     (tmp_path / "hashes").mkdir()  # sha256 records: not entries
     assert prune(tmp_path, 1500, keep={a}) == [b, c]  # a is kept (in use); b, then c, down to 1000
+    assert stray.exists() and other.exists() and not killed.exists()  # a killed load's folder went too
     assert prune(tmp_path, 1500) == [] and a.exists()  # within the cap
     assert prune(tmp_path, None) == [] and a.exists()
+    live = CompileCache(tmp_path, {})  # a predictor alive in this process: its entries stay
+    live.used.add(a)
+    monkeypatch.setenv("SAM3TRACK_CACHE_MAX_GB", "0.0000001")
+    assert CompileCache(tmp_path, {}).prune() == [] and a.exists()
+    del live
+    gc.collect()
+    assert CompileCache(tmp_path, {}).prune() == [a]
+    for text in ("inf", "nan", "lots"):  # never an error: no cap, or the default with a line on stderr
+        monkeypatch.setenv("SAM3TRACK_CACHE_MAX_GB", text)
+        assert CompileCache(tmp_path, {}).prune() == []

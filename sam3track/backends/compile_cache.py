@@ -26,7 +26,10 @@ import os
 import secrets
 import shutil
 import sys
+import math
+import re
 import time
+import weakref
 from collections import Counter
 from pathlib import Path
 
@@ -42,8 +45,12 @@ RECENT_SECONDS = 3600.0
 ENTRY = "entry.json"  # written last inside the entry; lists its files with their sizes and times
 STALE_PARTIAL_SECONDS = 3600.0  # a private folder this old belongs to a killed load
 
-# what the caches of this process did ("hit", "written", "unusable"): the tests read it, not the clock
+# what the caches of this process did ("hit", "written", "unusable", "evicted"): the tests read it, not the clock
 STATS: Counter[str] = Counter()
+_LIVE: weakref.WeakSet = weakref.WeakSet()  # the CompileCache of every load whose backend is alive
+# what pruning may remove: runtime folders and entry folders as this module names them, nothing else
+_RUNTIME_FOLDER = re.compile(r"^(onnxruntime|openvino)-\d[\w.+-]*$")
+_ENTRY_FOLDER = re.compile(r"^(.+-)?[0-9a-f]{32}$")
 
 
 def _digest(value) -> str:
@@ -58,7 +65,8 @@ class CompileCache:
         self.root = Path(root) if root is not None else None
         self.digests = digests  # graph name -> {file: sha256}, from the manifest
         self.deferred = frozenset(deferred)
-        self.used: set[Path] = set()  # this load's entries: marked used now, never pruned by it
+        self.used: set[Path] = set()  # this load's entries: marked used now, never pruned in this process
+        _LIVE.add(self)  # while a backend holds this cache, no load in this process prunes its entries
 
     @classmethod
     def for_bundle(cls, bundle, setting=None) -> "CompileCache":
@@ -99,10 +107,11 @@ class CompileCache:
 
     def ort_lookup(self, entry: Path | None) -> tuple[str, dict] | None:
         """(saved graph, its inputs and outputs) of a whole entry; None on a miss."""
+        if entry is not None:
+            self._mark_used(entry)  # first: a concurrent prune then sees it as just used
         record = _valid_record(entry) if entry is not None else None
         if record is None or not isinstance(record.get("io"), dict):
             return None
-        self._mark_used(entry)
         STATS["hit"] += 1
         return str(entry / "model.onnx"), record["io"]
 
@@ -121,6 +130,10 @@ class CompileCache:
             return None
         return EntryWriter(entry, temp)
 
+    def mark_used(self, entry: Path) -> None:
+        """Stamp `entry` used now (a deferred graph opened from it at its first run)."""
+        self._mark_used(entry)
+
     def _mark_used(self, entry: Path) -> None:
         """Record `entry` as this load's and stamp it used now (its folder's time: what pruning sorts by)."""
         self.used.add(entry)
@@ -131,10 +144,15 @@ class CompileCache:
 
     def prune(self) -> list[Path]:
         """After a load: remove the entries used least recently while the cache holds more than its cap
-        (ENV_MAX_GB), never this load's nor any used in the last RECENT_SECONDS. The entries removed."""
+        (ENV_MAX_GB), never those of a predictor alive in this process nor any used in the last
+        RECENT_SECONDS. The entries removed; never an error (the cache must not fail a load)."""
         if self.root is None:
             return []
-        return prune(self.root, max_bytes(), keep=self.used)
+        try:
+            return prune(self.root, max_bytes(), keep=set().union(*(c.used for c in list(_LIVE))))
+        except Exception as exc:  # noqa: BLE001 - a cache problem is a line on stderr, never a failed load
+            _warn(f"could not prune the compile cache in {self.root} ({_first_line(exc)})")
+            return []
 
     def drop(self, model: str, why: str) -> None:
         """Remove the entry holding `model` (a saved graph from ort_lookup that failed to open)."""
@@ -227,42 +245,47 @@ def max_bytes() -> int | None:
     text = os.environ.get(ENV_MAX_GB, "").strip()
     try:
         gb = float(text) if text else DEFAULT_MAX_GB
+        if math.isnan(gb):
+            raise ValueError(text)
     except ValueError:
         _warn(f"${ENV_MAX_GB}={text!r} is not a number of GB; using {DEFAULT_MAX_GB:g}")
         gb = DEFAULT_MAX_GB
-    return int(gb * 1e9) if gb > 0 else None
+    return int(gb * 1e9) if 0 < gb < math.inf else None
 
 
 def prune(root: Path, limit: int | None, keep=(), now: float | None = None) -> list[Path]:
     """Remove whole entries of the cache under `root`, least recently used first, until the entries
     hold at most `limit` bytes. Entries in `keep` and those used within RECENT_SECONDS stay (the cache
-    may then stay over its cap). Each goes by rename first, as _remove does."""
+    may then stay over its cap). Each goes by rename first, as _remove does; private folders of loads
+    killed long ago go too."""
     if limit is None:
         return []
     now = time.time() if now is None else now
     entries = []
-    for runtime in _subfolders(root):
-        if runtime.name.startswith(("onnxruntime-", "openvino-")):
-            for entry in _subfolders(runtime):
-                try:
-                    used = entry.stat().st_mtime
-                except OSError:  # removed meanwhile
-                    continue
-                if not entry.name.endswith(".partial"):
-                    entries.append((used, _size(entry), entry))
+    for runtime in (f for f in _subfolders(root) if _RUNTIME_FOLDER.match(f.name)):
+        for entry in _subfolders(runtime):
+            used = _mtime(entry)
+            if entry.name.endswith(".partial"):
+                if used is not None and now - used > STALE_PARTIAL_SECONDS:
+                    shutil.rmtree(entry, ignore_errors=True)
+            elif used is not None and _ENTRY_FOLDER.match(entry.name):
+                entries.append((used, _size(entry), entry))
     total = sum(size for _, size, _ in entries)
     removed = []
     keep = {Path(k) for k in keep}
-    for used, size, entry in sorted(entries, key=lambda t: t[0]):
+    for _, size, entry in sorted(entries, key=lambda t: t[0]):
         if total <= limit:
             break
-        if entry in keep or now - used < RECENT_SECONDS:
+        used = _mtime(entry)  # again: another process may have used it since the listing
+        if entry in keep or used is None or now - used < RECENT_SECONDS:
+            total -= size if used is None else 0  # gone meanwhile
             continue
         doomed = entry.with_name(f"{entry.name}.{os.getpid()}.{secrets.token_hex(4)}.removed.partial")
         try:
             os.rename(entry, doomed)
         except OSError:
-            continue  # another process removed or replaced it
+            total -= size if not entry.exists() else 0  # another process removed it
+            continue
         shutil.rmtree(doomed, ignore_errors=True)
         total -= size
         removed.append(entry)
@@ -271,6 +294,13 @@ def prune(root: Path, limit: int | None, keep=(), now: float | None = None) -> l
         _warn(f"compile cache over {limit / 1e9:g} GB (${ENV_MAX_GB}): removed {len(removed)} entries used least "
               f"recently; {total / 1e9:.1f} GB left in {root}")
     return removed
+
+
+def _mtime(folder: Path) -> float | None:
+    try:
+        return folder.stat().st_mtime
+    except OSError:  # removed meanwhile
+        return None
 
 
 def _subfolders(folder: Path) -> list[Path]:

@@ -8,6 +8,7 @@ into the memory bank's pools and reads them back without any copy. Graphs open f
 from __future__ import annotations
 
 import os
+import sys
 import threading
 import time
 import weakref
@@ -161,6 +162,7 @@ class OnnxRuntimeBackend(Backend):
     def _open_saved(self, name: str, path: str, entry, model: str):
         """The session of the optimised graph the compile cache saved; one that does not open is removed
         from the cache and the graph optimised from `path` again."""
+        self._cache.mark_used(entry)  # a deferred graph opens it long after the load stamped it
         try:
             session = self._ort.InferenceSession(model, sess_options=self._session_options(False),
                                                  providers=self._providers)
@@ -414,12 +416,10 @@ def _return_freed_heap() -> None:
     global _MALLOC_TRIM
     if _MALLOC_TRIM is None:
         import ctypes
-        import ctypes.util
 
-        try:
-            _MALLOC_TRIM = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
-        except (OSError, AttributeError):  # not glibc
+        try:  # the C library this process already has (no search for it)
+            _MALLOC_TRIM = ctypes.CDLL(None).malloc_trim if sys.platform.startswith("linux") else False
+        except (OSError, AttributeError):  # not glibc (musl has no malloc_trim)
             _MALLOC_TRIM = False
     if _MALLOC_TRIM:
         _MALLOC_TRIM(0)
-

@@ -148,6 +148,7 @@ class OpenVinoBackend(Backend):
         if threads:
             self._config["INFERENCE_NUM_THREADS"] = int(threads)
         self._deferred = compile_cache.deferred if compile_cache is not None else frozenset()
+        self._compile_cache = compile_cache  # held: its folder is not pruned while this backend lives
         if cache_dir is None and compile_cache is not None:
             cache_dir = _usable(compile_cache.openvino_dir(_VERSION, self._config))
         elif cache_dir is not None:  # OpenVINO's blob key leaves precision and threads out: a folder each
@@ -194,6 +195,8 @@ class OpenVinoBackend(Backend):
         return graph
 
     def _compile(self, name: str, path: str, model, where: str):
+        if self._compile_cache is not None and "CACHE_DIR" in self._config:  # a compile after the load too
+            self._compile_cache.mark_used(Path(self._config["CACHE_DIR"]))
         try:
             with load_notice.step(f"compiling graph {name} for OpenVINO{where}"):
                 return self._core.compile_model(model, self.device, self._config)

@@ -276,6 +276,10 @@ async function prompt(change) { // a click or a box on the current frame, for th
     const response = await request("add_prompt", fields);
     state.prompts.set(key, next);
     state.target = obj;
+    // the prompted object exists even when its mask is empty (Meta's output then leaves it out):
+    // listed, and its id never given to the next new object
+    state.objects.add(obj);
+    state.maxId = Math.max(state.maxId, obj);
     takeResponse(response);
     await showFrame(state.frame);
     setStatus(`object ${obj} on frame ${state.frame}: ${next.points.length} click(s)${next.box ? " and a box" : ""}`);
