@@ -47,6 +47,28 @@ def default_gears(config) -> dict[str, tuple[int, ...]]:
     return {**DEFAULT_GEARS, **{axis: (size,) for axis, size in config.capacities().items()}}
 
 
+def objects_per_call(config, budget_bytes: int) -> int:
+    """How many objects one propagation_decoder call holds within `budget_bytes`: per object, the
+    memory attention's scores from every image token to every memory and pointer token at the
+    config's capacities, fp32, twice (a product and its softmax can be alive at once); at least 1."""
+    caps, tokens = config.capacities(), config.feature_grid ** 2
+    pointer_tokens = max(1, config.hidden_dim // config.memory_dim)  # a pointer is split into these
+    per_object = 2 * 4 * tokens * (caps["memories"] * tokens + caps["pointers"] * pointer_tokens)
+    return max(1, int(budget_bytes) // per_object)
+
+
+def available_memory() -> int | None:
+    """Bytes of memory the system can give now (Linux MemAvailable), or None where unknown."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
 def chunks(backend: Backend, graph: Graph, axis: str, n: int) -> list[Chunk]:
     """How to run `n` items on `axis`: one call when a planned size holds them all, else chunks of
     the largest size (the last one planned on its own)."""

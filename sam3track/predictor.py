@@ -12,7 +12,7 @@ from .backend_choice import Choice, choose
 from .backends import create_backend
 from .backends.compile_cache import CompileCache
 from .bundle import Bundle
-from .call_sizes import default_gears
+from .call_sizes import available_memory, default_gears, objects_per_call
 from .families.sam3.config import TrackerConfig
 from .errors import BundleError, SessionClosedError, VideoError
 from .session_base import check_frame_size
@@ -83,6 +83,9 @@ class Predictor:
         if gears is None and backend in ("onnxruntime", "ort") and str(device).startswith("cann") \
                 and isinstance(config, TrackerConfig):
             gears = default_gears(config)  # CANN compiles every new shape again: a few planned ones
+        if gears is None and backend in ("onnxruntime", "ort") and str(device) == "cpu" \
+                and isinstance(config, TrackerConfig):
+            gears = budget_gears(config)
         if gears is not None:
             options["gears"] = gears
         predictor = cls(bundle, create_backend(backend, device, **options), config)
@@ -139,3 +142,18 @@ class Predictor:
 
     def __exit__(self, *exc):
         self.close()
+
+
+def budget_gears(config: TrackerConfig) -> dict | None:
+    """ONNX Runtime's call sizes on the objects axis that keep one propagation call within
+    config.memory_budget_mib (0: half the memory available now): every count up to the most that fit,
+    so calls are split without padding. None when a call of pool_objects objects fits already."""
+    budget = config.memory_budget_mib * 2 ** 20
+    if not budget:
+        available = available_memory()
+        if available is None:
+            return None
+        budget = available // 2
+    most = objects_per_call(config, budget)
+    return None if most >= config.pool_objects else {"objects": tuple(range(1, most + 1))}
+

@@ -7,6 +7,9 @@ backend on the pyacl emulator runs the same comparisons in test_acl_parity.py.
 
 from __future__ import annotations
 
+import dataclasses
+import json
+
 import numpy as np
 import pytest
 
@@ -133,6 +136,41 @@ def test_a_frame_with_64_objects_on_gears_up_to_16_equals_the_unchunked_run(tiny
     # the propagation decoder ran in chunks of 16 on the planned side, once per frame on the other
     assert calls_want["propagation_decoder"] == len(frames) - 1
     assert calls_got["propagation_decoder"] >= 4 * (len(frames) - 1)
+
+
+def test_a_memory_budget_that_forces_chunking_gives_the_unchunked_masks(tiny_bundle, bikes_frames):
+    """memory_budget_mib sizes ONNX Runtime's propagation calls (call_sizes.objects_per_call): a budget of
+    1 MiB holds 3 tiny objects per call, so 32 objects run in chunks of at most 3, with the masks of one
+    call each (a budget that holds pool_objects plans nothing)."""
+    options = dict(score_threshold_detection=0.0, new_det_thresh=0.0, mask_nms=False, hotstart_delay=0,
+                   recondition_every_nth_frame=0, backend="onnxruntime")
+    frames = bikes_frames[:3]
+    want, calls_want = track(tiny_bundle, frames, ["person", "bike"], memory_budget_mib=10 ** 6, **options)
+    got, calls_got = track(tiny_bundle, frames, ["person", "bike"], memory_budget_mib=1, **options)
+    assert len(want[0]) == 32
+    assert_same_tracks(got, want)
+    assert calls_want["propagation_decoder"] == len(frames) - 1
+    assert calls_got["propagation_decoder"] >= 11 * (len(frames) - 1)  # 32 objects or more: 11+ calls of <= 3
+
+
+def test_the_default_budget_is_half_the_available_memory(tiny_bundle, monkeypatch):
+    """At full size (72 x 72 tokens, 10 memories, 31 pointers) one object's attention scores take about
+    1 GB, twice counted: 16 GiB available gives calls of 3 objects; where nothing says, no plan."""
+    import sam3track.predictor as predictor_module
+    from sam3track.call_sizes import objects_per_call
+    from sam3track.families.sam3.config import TrackerConfig
+
+    tiny = TrackerConfig.from_manifest(json.loads((tiny_bundle / "manifest.json").read_text()))
+    full = dataclasses.replace(tiny, feature_grid=72, hidden_dim=256, memory_dim=64, num_maskmem=7,
+                               max_cond_frame_num=4, max_object_pointers_in_encoder=16)
+    assert full.capacities()["memories"] == 10 and full.capacities()["pointers"] == 31
+    per_object = 2 * 4 * 5184 * (10 * 5184 + 31 * 4)
+    assert objects_per_call(full, 3 * per_object + 1) == 3 and objects_per_call(full, 1) == 1
+    monkeypatch.setattr(predictor_module, "available_memory", lambda: 16 * 2 ** 30)
+    assert predictor_module.budget_gears(full) == {"objects": (1, 2, 3)}
+    monkeypatch.setattr(predictor_module, "available_memory", lambda: None)
+    assert predictor_module.budget_gears(full) is None
+    assert predictor_module.budget_gears(dataclasses.replace(tiny, memory_budget_mib=1024)) is None
 
 
 def test_gears_that_cannot_hold_an_object_s_memories_raise_a_capacity_error(tiny_bundle, bikes_frames):

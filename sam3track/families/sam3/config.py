@@ -97,6 +97,12 @@ class TrackerConfig:
     # batch: start_session(keep_history=False)) keep none. docs/corrections.md has the sizes per config.
     memory_store_ram_mib: int = 256
     memory_store_disk_mib: int = 16384
+    # The memory one propagation_decoder call may take (MiB): each object attends from every image
+    # token to every memory token, and ONNX Runtime makes that attention whole (full size: about 1 GB
+    # per object at 7 memories; 16 objects in one call went past 10 GB). Calls hold as many objects as
+    # fit (call_sizes.objects_per_call); 0: half the memory available when the bundle is loaded.
+    # ONNX Runtime on the CPU only (OpenVINO runs every object in one call).
+    memory_budget_mib: int = 0
 
     def capacities(self) -> dict[str, int]:
         """The fixed sizes of the propagation decoder's bounded axes (an OM bundle compiles these;
