@@ -58,15 +58,21 @@ def objects_per_call(config, budget_bytes: int) -> int:
 
 
 def available_memory() -> int | None:
-    """Bytes of memory the system can give now (Linux MemAvailable), or None where unknown."""
+    """Bytes of memory this process can still take (Linux MemAvailable, and no more than what its
+    cgroup's memory.max leaves, in a container), or None where unknown."""
     try:
         with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
+            free = next((int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:")), None)
     except (OSError, ValueError, IndexError):
+        return None
+    try:
+        limit = open("/sys/fs/cgroup/memory.max").read().strip()
+        used = int(open("/sys/fs/cgroup/memory.current").read().strip())
+        if free is not None and limit.isdigit():
+            free = min(free, max(0, int(limit) - used))
+    except (OSError, ValueError):  # cgroup v1, or none: MemAvailable alone
         pass
-    return None
+    return free
 
 
 def chunks(backend: Backend, graph: Graph, axis: str, n: int) -> list[Chunk]:

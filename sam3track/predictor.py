@@ -83,15 +83,17 @@ class Predictor:
         if gears is None and backend in ("onnxruntime", "ort") and str(device).startswith("cann") \
                 and isinstance(config, TrackerConfig):
             gears = default_gears(config)  # CANN compiles every new shape again: a few planned ones
-        if gears is None and backend in ("onnxruntime", "ort") and str(device) == "cpu" \
-                and isinstance(config, TrackerConfig):
-            gears = budget_gears(config)
         if gears is not None:
             options["gears"] = gears
+        elif backend in ("onnxruntime", "ort") and str(device).partition(":")[0] == "cpu" \
+                and isinstance(config, TrackerConfig):
+            budget = budget_gears(config)  # the host memory a call may take: not a choice to record
+            options.update({"gears": budget} if budget else {})
         predictor = cls(bundle, create_backend(backend, device, **options), config)
         options["compile_cache"].prune()  # the cache stays within its cap, this load's entries kept
+        recorded = ("threads", "compile_cache") + (("gears",) if gears is None else ())
         predictor.backend_choice = choice or Choice(
-            backend, {k: v for k, v in options.items() if k not in ("threads", "compile_cache")}, "backend= given")
+            backend, {k: v for k, v in options.items() if k not in recorded}, "backend= given")
         return predictor
 
     def start_session(self, source=None, keep_history: bool = True) -> TrackingSession:

@@ -209,3 +209,11 @@ def test_a_silent_fallback_from_cann_to_the_cpu_is_an_error(tiny_bundle, monkeyp
     with pytest.raises(sam3track.BackendError, match="could not start CANNExecutionProvider.*fell back to "
                                                      "CPUExecutionProvider"):
         sam3track.load(tiny_bundle, device="cann:0")
+
+
+def test_a_bad_memory_budget_is_one_config_error(tiny_bundle):
+    from sam3track.config import ConfigError
+
+    for bad in (-1, "2G", True, 1.5):
+        with pytest.raises(ConfigError, match="memory_budget_mib"):
+            sam3track.load(tiny_bundle, memory_budget_mib=bad)

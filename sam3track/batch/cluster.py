@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from sam3track.call_sizes import available_memory
 from sam3track.errors import UsageError
 
 ray_log = logging.getLogger("sam3track.batch.ray")  # what Ray prints from its threads, at DEBUG
@@ -169,18 +170,6 @@ def worker_bytes(bundle_dir: Path) -> int:
     """About what one worker's memory holds: its process, and its graphs loaded."""
     graphs = sum(p.stat().st_size for p in bundle_dir.rglob("*") if p.is_file())
     return WORKER_BASE_BYTES + GRAPH_MEMORY_FACTOR * graphs
-
-
-def available_memory() -> int | None:
-    """The memory the kernel says new processes can use (MemAvailable), None where unknown."""
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return None
 
 
 def local_workers(wanted: int, asked: int, cpus: int | None, cores: int, free: int | None, per_worker: int,

@@ -99,9 +99,11 @@ class TrackerConfig:
     memory_store_disk_mib: int = 16384
     # The memory one propagation_decoder call may take (MiB): each object attends from every image
     # token to every memory token, and ONNX Runtime makes that attention whole (full size: about 1 GB
-    # per object at 7 memories; 16 objects in one call went past 10 GB). Calls hold as many objects as
-    # fit (call_sizes.objects_per_call); 0: half the memory available when the bundle is loaded.
-    # ONNX Runtime on the CPU only (OpenVINO runs every object in one call).
+    # per object at 7 memories; 16 objects in one call went past 10 GB). Calls on the objects axis
+    # (propagation, memory encoder, mask init, clicks) hold as many objects as fit
+    # (call_sizes.objects_per_call); 0: half the memory available when the bundle is loaded (within
+    # the process's cgroup limit). ONNX Runtime on the CPU without gears= only (OpenVINO runs every
+    # object in one call).
     memory_budget_mib: int = 0
 
     def capacities(self) -> dict[str, int]:
@@ -173,6 +175,7 @@ _WHOLE_NUMBERS = {
     "hotstart_delay": 0, "hotstart_unmatch_thresh": 0, "hotstart_dup_thresh": 0, "fill_hole_area": 0,
     "recondition_every_nth_frame": 0, "retire_unseen_after": 0, "max_conditioning_frames": 0, "max_num_objects": 1,
     "pool_objects": 1, "refinement_cond_frame_window": 0, "memory_store_ram_mib": 0, "memory_store_disk_mib": 0,
+    "memory_budget_mib": 0,
     "num_maskmem": 1, "max_cond_frame_num": -1, "max_object_pointers_in_encoder": 1, "image_size": 1,
     "text_length": 1, "pad_token_id": 0, "low_res_mask_size": 1, "feature_grid": 1, "hidden_dim": 1,
     "memory_dim": 1, "num_queries": 1, "init_trk_keep_alive": None, "max_trk_keep_alive": None,
