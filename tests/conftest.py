@@ -26,15 +26,46 @@ def pytest_configure(config):
 def _private_compile_cache(config) -> None:
     """The compile cache (sam3track/backends/compile_cache.py) in a folder of this test process, removed
     at its end: tests never write the user's cache, and never read what an earlier run left there. Child
-    processes the tests start inherit it."""
+    processes the tests start inherit it. A run killed before its end (a CI timeout, ^C twice) leaves
+    its folder behind: the next run removes the folders of processes that no longer exist."""
     if os.environ.get("SAM3TRACK_CACHE"):
         return
     import shutil
     import tempfile
 
-    folder = tempfile.mkdtemp(prefix="sam3track-test-cache-")
+    _remove_orphaned_caches(Path(tempfile.gettempdir()))
+    folder = tempfile.mkdtemp(prefix=f"{CACHE_PREFIX}{os.getpid()}-")
     os.environ["SAM3TRACK_CACHE"] = folder
     config.add_cleanup(lambda: shutil.rmtree(folder, ignore_errors=True))
+
+
+CACHE_PREFIX = "sam3track-test-cache-"
+
+
+def _remove_orphaned_caches(tmp: Path) -> None:
+    """Remove the private caches of earlier runs whose process is gone (gigabytes each); a folder named
+    before the pid was part of the name goes once a day old."""
+    import shutil
+    import time
+
+    for folder in tmp.glob(CACHE_PREFIX + "*"):
+        pid = folder.name[len(CACHE_PREFIX):].split("-")[0]
+        try:
+            orphaned = not _alive(int(pid)) if pid.isdigit() else time.time() - folder.stat().st_mtime > 86400
+        except OSError:
+            continue  # removed meanwhile by another run
+        if orphaned:
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # another user's process
+    return True
 
 
 def _size_xdist_worker_threads() -> None:
