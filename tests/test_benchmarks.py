@@ -230,3 +230,62 @@ def test_roofline_tool_runs_at_tiny_size(tiny_bundle, tmp_path):
         assert row["achieved_gflops"] > 0 and (row["fraction"] is None or row["fraction"] > 0), row
     assert "profile" in next(row for row in r["rows"] if row["runtime"] == "ort" and row["size"] == 1)
     assert (out / "roofline.png").stat().st_size > 0 and "| graph | size | runtime |" in (out / "roofline.md").read_text()
+
+
+def test_full_size_mode_runs_at_tiny_size(tiny_bundle, tmp_path):
+    """python -m benchmarks.full_size (the full-size mode, issue 34) on the tiny bundle: cold and warm
+    loads of ours, the reference's load, and at each count both sides in processes of their own, each
+    with its first frame, timed frames and peak RSS; full.md states them with a per-object RSS slope."""
+    from benchmarks.full_size import main as full_size_main
+
+    out = tmp_path / "out"
+    assert full_size_main(["--preset", "tiny", "--bundle", str(tiny_bundle), "--objects", "1,2", "--frames", "2",
+                           "--threads", "1", "--out", str(out)]) == 0
+    for name in ("results.json", "full.md", "scaling.png"):
+        assert (out / name).stat().st_size > 0, name
+    assert not (out / "compile-cache").exists()  # gigabytes at full size: removed at the end
+    r = json.loads((out / "results.json").read_text())
+    for kind in ("cold", "warm"):
+        (load,) = r["loads"]["auto"][kind]
+        assert load["load_s"] > 0 and load["peak_rss_mb"] >= load["rss_after_load_mb"] > 0, load
+    assert r["loads"]["reference"]["cold"][0]["load_s"] > 0
+    assert r["chose"]["auto"]["backend"] == "onnxruntime"  # the suite pins it (conftest.py)
+    md = (out / "full.md").read_text()
+    for side in ("auto", "reference"):
+        for n in (1, 2):
+            (run,) = r["runs"][side][str(n)]
+            assert "error" not in run, run
+            assert [f["index"] for f in run["records"]] == [0, 1] and all(f["ms"] > 0 for f in run["records"])
+            assert run["peak_rss_mb"] >= run["rss_after_load_mb"] > 0
+            # the count asked for on every frame, or the table says it differs
+            assert all(f["tracked"] == n for f in run["records"]) or "differs from the count asked" in md
+        assert f"- {side}: peak RSS grows" in md
+    assert "| objects | side | first frame s |" in md and "| cold load s |" in md
+
+
+def test_full_size_mode_records_a_failed_run_and_goes_on(tmp_path):
+    """A child that fails (here: no bundle) is one error entry, never an exception; the report lists it
+    as failed and a count never reached as not measured."""
+    from benchmarks.full_size import run_child
+    from benchmarks.full_size_report import markdown
+
+    spec = {"side": "ours", "variant": "ort-fp32", "task": "load", "bundle": str(tmp_path / "none"),
+            "source": str(tmp_path), "threads": 1, "overrides": {}}
+    got = run_child(spec, tmp_path / "cache", timeout=600)
+    assert got["error"].startswith("exit 1: ") and "none" in got["error"], got
+    record = {"index": 0, "ms": 5.0, "tracked": 1}
+    results = {"command": "c", "started": "s", "finished": "f", "preset": "tiny", "chose": {},
+               "machine": {"cpu_short": "cpu", "cores": 2, "ram_gb": 24, "load_start": "1", "load_end": "1",
+                           "versions": {}},
+               "code": {"commit": "abc", "dirty": False, "graphs_hash": "h"},
+               "bundle": {"graphs_gb": 0.1, "export_seconds": None, "parameters": 1e6},
+               "settings": {"objects": [1, 64, 128], "frames": 2, "reps": 1, "threads": 1, "clip": "c.mp4",
+                            "start_frame": 0, "prompts": ["x"], "variants": ["auto"]},
+               "loads": {"auto": {"cold": [got]}},
+               "runs": {"auto": {"1": [{"load_s": 1.0, "rss_after_load_mb": 90.0, "peak_rss_mb": 100.0,
+                                        "records": [record, {**record, "index": 1}]}],
+                                 "64": [{"error": "killed by SIGKILL (the kernel's out-of-memory killer, most likely)"}]}}}
+    md = markdown(results, image="x.png")
+    assert "| 64 | auto | failed: killed by SIGKILL" in md
+    assert "| 128 | auto | not measured" in md and "| 1 | reference | not measured" in md
+    assert "| auto | exit 1: " in md
