@@ -41,7 +41,8 @@ class Predictor:
     @classmethod
     def load(cls, bundle_dir, backend: str = "auto", device: str = "cpu", verify: bool = True,
              threads: int | None = None, gears=None, precision: str | None = None,
-             shapes: str | None = None, compile_cache=None, **config_overrides) -> "Predictor":
+             shapes: str | None = None, weights: str | None = None, compile_cache=None,
+             **config_overrides) -> "Predictor":
         """Open and check a bundle, then load its graphs. Keyword overrides change TrackerConfig fields,
         e.g. mask_nms=False, fill_holes=False to compare with transformers.
 
@@ -60,6 +61,10 @@ class Predictor:
         shapes (openvino only): "dynamic" (default: each graph compiled once) or "static" (compiled
         again for each new set of call shapes, about 2 s a graph at mid size, then up to 40% faster
         per call): for long videos and streams.
+        weights (onnxruntime on the CPU only): "fp32" (default) or "fp16": each graph's large weights
+        kept in fp16 and cast to fp32 where used (computed in fp32): at full size about 1.6 GB less after
+        load and a lower peak, frames about 20% slower, results within fp16 rounding of fp32 (not checked
+        by the fidelity gate: asked for, never chosen by "auto"; docs/speed.md "Memory at full size").
         gears (onnxruntime only): "compiled" runs an OM bundle's gears on ONNX Runtime, or
         {axis: sizes} pads every call to those sizes, so CPU runs take the Ascend padding path.
         compile_cache: None (default: on, unless SAM3TRACK_COMPILE_CACHE=0), True, False, or a folder:
@@ -72,6 +77,10 @@ class Predictor:
         options = {"threads": threads} if threads is not None else {}
         options["compile_cache"] = CompileCache.for_bundle(bundle, compile_cache)
         choice = None
+        if backend == "auto" and weights not in (None, "fp32"):  # an ONNX Runtime option: the user's choice
+            backend = "onnxruntime"
+        if weights is not None:
+            options["weights"] = weights
         if backend == "auto":
             choice = choose(bundle, device, threads, precision, shapes, gears,
                             lambda c: cls(bundle, create_backend(c.backend, device, **options, **c.options), config))

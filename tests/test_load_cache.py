@@ -270,3 +270,63 @@ def test_pruning_goes_oldest_first_and_stops_at_the_cap(tmp_path, monkeypatch):
     for text in ("inf", "nan", "lots"):  # never an error: no cap, or the default with a line on stderr
         monkeypatch.setenv("SAM3TRACK_CACHE_MAX_GB", text)
         assert CompileCache(tmp_path, {}).prune() == []
+
+
+def test_fp16_weights_track_within_the_parity_tolerances_and_come_from_the_cache(tiny_bundle, tmp_path):
+    """weights="fp16" (ONNX Runtime on the CPU): every graph's large weights stored in fp16 behind Cast
+    nodes in a cache entry of its own, made from the fp32 one; tracking within the fidelity gate's
+    tolerances of fp32 (the gate's own clip: three clicked objects); a second load opens it as a hit."""
+    import onnx
+
+    from sam3track.backend_choice import compare, gate_clip, track_gate_clip
+
+    cache = tmp_path / "cache"
+    base, _ = _load(tiny_bundle, cache, backend="onnxruntime")
+    clip, clicks = gate_clip(base.bundle.manifest)
+    fp32, _ = track_gate_clip(base, clip, clicks)
+    half, did = _load(tiny_bundle, cache, weights="fp16")  # "auto" with weights= means ONNX Runtime
+    assert half.backend_choice.backend == "onnxruntime" and half.backend_choice.options == {"weights": "fp16"}
+    assert did == {"hit": GRAPHS, "written": GRAPHS}  # the fp32 entries read, the fp16 ones written
+    fp16, _ = track_gate_clip(half, clip, clicks)
+    same_ids, iou_mean, iou_min = compare(fp32, fp16)
+    assert same_ids and iou_mean >= 0.99 and iou_min >= 0.95, (iou_mean, iou_min)
+    assert sum(len(ids) for ids, _ in fp16) >= len(clicks)  # objects were tracked
+    saved = [e for e in _entries(cache) if e.name.startswith("backbone-")]
+    kinds = []
+    for entry in saved:
+        model = onnx.load(str(entry / "model.onnx"), load_external_data=False)
+        kinds.append(sum(1 for i in model.graph.initializer if i.data_type == onnx.TensorProto.FLOAT16))
+    assert sorted(kinds)[0] == 0 and sorted(kinds)[1] > 0  # the fp32 entry and the fp16 one
+    again, did = _load(tiny_bundle, cache, weights="fp16")
+    again.close()
+    assert did == {"hit": GRAPHS}
+
+
+def test_fp16_weights_without_a_cache_leave_nothing_behind(tiny_bundle, frames, tmp_path, monkeypatch):
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    predictor = sam3track.load(tiny_bundle, weights="fp16", compile_cache=False)
+    assert any(tmp_path.iterdir())  # the mapped fp16 graphs live in scratch folders while it runs
+    assert len(_masks(predictor, frames)) == len(frames)
+    predictor.close()
+    assert not any(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("kw, words", [({"weights": "bf16"}, "use one of 'fp32', 'fp16'"),
+                                       ({"weights": "fp16", "backend": "openvino"}, "onnxruntime option")])
+def test_bad_weights_settings_name_what_is_accepted(tiny_bundle, kw, words):
+    with pytest.raises(sam3track.Sam3TrackError, match=words):
+        sam3track.load(tiny_bundle, compile_cache=False, **kw)
+
+
+def test_cli_track_passes_weights(monkeypatch):
+    from sam3track.cli import build_parser
+    from sam3track.commands.track import cmd_track
+
+    calls = []
+    monkeypatch.setattr("sam3track.jobs.track.run_track", lambda job, **kwargs: calls.append(job) or 0)
+    assert cmd_track(build_parser().parse_args(["track", "v.mp4", "-p", "person", "--weights", "fp16"])) == 0
+    assert calls[0].load_options == {"weights": "fp16"}
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["track", "v.mp4", "-p", "x", "--weights", "bf16"])

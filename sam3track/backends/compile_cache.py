@@ -98,12 +98,17 @@ class CompileCache:
         return folder
 
     # ------------------------------------------------------------------------------ onnxruntime
-    def ort_entry(self, ort, name: str, providers: list[str]) -> Path | None:
-        """Graph `name`'s entry folder, or None when the cache is off or the provider is not cached."""
+    def ort_entry(self, ort, name: str, providers: list[str], weights: str = "fp32") -> Path | None:
+        """Graph `name`'s entry folder, or None when the cache is off or the provider is not cached.
+        weights="fp16": the entry of its fp16-weights rewrite (fp16_weights.py), made from the fp32 one."""
         if self.root is None or providers != ["CPUExecutionProvider"]:
             return None
-        return self.entry(f"onnxruntime-{ort.__version__}", name, {"providers": providers, "cpu": cpu_key(),
-                                                                    "saved": "all+prepacked"})
+        options = {"providers": providers, "cpu": cpu_key(), "saved": "all+prepacked"}
+        if weights != "fp32":
+            from .fp16_weights import SCHEMA as FP16_SCHEMA
+
+            options.update(weights=weights, rewrite=FP16_SCHEMA)
+        return self.entry(f"onnxruntime-{ort.__version__}", name, options)
 
     def ort_lookup(self, entry: Path | None) -> tuple[str, dict] | None:
         """(saved graph, its inputs and outputs) of a whole entry; None on a miss."""
@@ -167,15 +172,7 @@ class EntryWriter:
         self.entry, self.temp = entry, temp
 
     def configure(self, options) -> None:
-        options.optimized_model_filepath = str(self.temp / "model.onnx")
-        # weights in a side file: a graph over 2 GB cannot be one protobuf
-        options.add_session_config_entry("session.optimized_model_external_initializers_file_name", "model.data")
-        options.add_session_config_entry("session.optimized_model_external_initializers_min_size_in_bytes",
-                                         "1024")
-        # and the weights as the CPU kernels pre-pack them (MatMul's packed B): a hit maps them instead of
-        # packing again. Full size: the backbone opens in 1.9-2.1 s instead of 2.5-2.8 s, the whole warm load
-        # in 3.8 s instead of 4.7-5.1 s, for twice the disk (both forms are kept) and a slower first save.
-        options.add_session_config_entry("session.save_external_prepacked_constant_initializers", "1")
+        configure_saving(options, self.temp)
 
     def commit(self, session, source: str) -> bool:
         try:
@@ -199,6 +196,19 @@ class EntryWriter:
 
     def abandon(self) -> None:
         shutil.rmtree(self.temp, ignore_errors=True)
+
+
+def configure_saving(options, folder: Path) -> None:
+    """Session options that make ONNX Runtime save the graph it optimises into folder/model.onnx."""
+    options.optimized_model_filepath = str(folder / "model.onnx")
+    # weights in a side file: a graph over 2 GB cannot be one protobuf
+    options.add_session_config_entry("session.optimized_model_external_initializers_file_name", "model.data")
+    options.add_session_config_entry("session.optimized_model_external_initializers_min_size_in_bytes",
+                                     "1024")
+    # and the weights as the CPU kernels pre-pack them (MatMul's packed B): a hit maps them instead of
+    # packing again. Full size: the backbone opens in 1.9-2.1 s instead of 2.5-2.8 s, the whole warm load
+    # in 3.8 s instead of 4.7-5.1 s, for twice the disk (both forms are kept) and a slower first save.
+    options.add_session_config_entry("session.save_external_prepacked_constant_initializers", "1")
 
 
 def cpu_key() -> str:

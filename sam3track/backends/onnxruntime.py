@@ -8,10 +8,12 @@ into the memory bank's pools and reads them back without any copy. Graphs open f
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 import threading
 import time
 import weakref
+from pathlib import Path
 
 import numpy as np
 
@@ -30,6 +32,8 @@ _INSTALL_HINTS = {
                              "with the CANN toolkit (source set_env.sh), or use backend='acl' with an OM bundle",
 }
 
+
+WEIGHTS = ("fp32", "fp16")  # how the CPU keeps the weights (fp16_weights.py); computed in fp32 either way
 
 # The intra-op threads of a backend made without threads= (None: threads_within_affinity's rule); a
 # process that shares the machine on purpose (a test worker) sets its share here.
@@ -89,13 +93,16 @@ class _Storage:
 class OnnxRuntimeBackend(Backend):
     name = "onnxruntime"
 
-    def __init__(self, device: str = "cpu", threads: int | None = None, gears=None, compile_cache=None):
+    def __init__(self, device: str = "cpu", threads: int | None = None, gears=None, compile_cache=None,
+                 weights: str = "fp32"):
         """threads: intra_op_num_threads (None: ONNX Runtime's default, one per core, or as many as the
         CPUs this process may run on when its affinity is narrower, see threads_within_affinity). gears: None
         (every call at its own size), "compiled" (an OM bundle's gears, so CPU runs take the padding and
         chunking path an Ascend run takes), or {axis: sizes} for every graph. compile_cache: a
         compile_cache.CompileCache (the predictor makes one per bundle), or None: every graph optimised
-        from its file at load."""
+        from its file at load. weights: "fp32" (default) or "fp16" (device cpu: each graph's large
+        weights kept in fp16 and cast to fp32 where used, fp16_weights.py: about half the memory and
+        slower frames)."""
         super().__init__()
         self._cache = compile_cache
         self._gears = _check_gears(gears)
@@ -109,6 +116,11 @@ class OnnxRuntimeBackend(Backend):
             raise Sam3TrackError(
                 f"onnxruntime here has no {provider} (available: {', '.join(ort.get_available_providers())}); "
                 f"{_INSTALL_HINTS.get(provider, 'use device=cpu')}")
+        if weights not in WEIGHTS or (weights != "fp32" and provider != "CPUExecutionProvider"):
+            raise Sam3TrackError(f"weights={weights!r}: use one of {', '.join(map(repr, WEIGHTS))}; 'fp16' is for "
+                                 "device='cpu'")
+        self._weights = weights
+        self._scratch: list[str] = []  # folders of fp16 graphs made without a cache: removed at close()
         self.provider = provider
         self.device_id = int(index or 0)
         self._ort = ort
@@ -140,10 +152,11 @@ class OnnxRuntimeBackend(Backend):
             if compiled is not None:  # an OM bundle's ATC-ready graph is static on its fixed axes
                 gears.update({axis: tuple(sizes) for axis, sizes in compiled["axes"].items() if len(sizes) == 1})
         cache = self._cache
-        entry = cache.ort_entry(self._ort, name, self._providers) if cache is not None else None
+        entry = cache.ort_entry(self._ort, name, self._providers, self._weights) if cache is not None else None
         hit = cache.ort_lookup(entry) if entry is not None else None
+        make = self._optimise if self._weights == "fp32" else self._store_fp16
         if hit is None:
-            graph = OrtGraph(name, self._optimise(name, path, entry), gears)
+            graph = OrtGraph(name, make(name, path, entry), gears)
         elif name in cache.deferred:  # checked now, its session made at the first run
             graph = OrtGraph(name, None, gears, hit[1], opener=lambda: self._open_saved(name, path, entry, hit[0]))
         else:
@@ -157,6 +170,8 @@ class OnnxRuntimeBackend(Backend):
         options.intra_op_num_threads = self._options.intra_op_num_threads
         if not optimise:  # a graph the compile cache saved optimised already
             options.graph_optimization_level = self._ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+            if self._weights == "fp16":  # each cast's fp32 copy made just before its consumer, not all at first
+                options.execution_order = self._ort.ExecutionOrder.PRIORITY_BASED
         return options
 
     def _open_saved(self, name: str, path: str, entry, model: str):
@@ -168,8 +183,68 @@ class OnnxRuntimeBackend(Backend):
                                                  providers=self._providers)
         except Exception as exc:  # a damaged entry is a miss, never a failed load
             self._cache.drop(model, str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
-            return self._optimise(name, path, entry)
+            return (self._optimise if self._weights == "fp32" else self._store_fp16)(name, path, entry)
         return self._checked(name, session)
+
+    def _store_fp16(self, name: str, path: str, entry):
+        """The session of graph `path` with its weights in fp16 (fp16_weights.py): optimised in fp32
+        first (from the cache when it has it), rewritten, saved into `entry` (or a scratch folder
+        removed at close when there is no cache) and opened from there, the fp16 file mapped."""
+        import tempfile
+
+        from .fp16_weights import convert
+
+        optimised, scratch = self._optimised_file(name, path)
+        writer = self._cache.ort_writer(entry) if entry is not None else None
+        folder = writer.temp if writer is not None else tempfile.mkdtemp(prefix=f"sam3track-fp16-{name}-")
+        if writer is None:
+            self._scratch.append(folder)
+        with load_notice.step(f"storing graph {name}'s weights in fp16"):
+            try:
+                convert(optimised, Path(folder))
+                session = self._ort.InferenceSession(str(Path(folder) / "model.onnx"),
+                                                     sess_options=self._session_options(False),
+                                                     providers=self._providers)
+            except Exception as exc:
+                if writer is not None:
+                    writer.abandon()
+                raise BundleError(f"onnxruntime cannot keep graph {name}'s weights in fp16 ({exc}); load it "
+                                  "with weights='fp32'") from exc
+            finally:
+                if scratch is not None:
+                    shutil.rmtree(scratch, ignore_errors=True)
+        if writer is not None:
+            writer.commit(session, path)  # the mapped files follow their folder's rename
+        return self._checked(name, session)
+
+    def _optimised_file(self, name: str, path: str) -> tuple[str, str | None]:
+        """Graph `path` optimised in fp32 and saved: the cache's entry (written now on a miss), or a
+        file in a scratch folder (returned second, for the caller to remove) when there is no cache.
+        Its session is not kept."""
+        import tempfile
+
+        from .compile_cache import configure_saving
+
+        cache = self._cache
+        entry = cache.ort_entry(self._ort, name, self._providers) if cache is not None else None
+        hit = cache.ort_lookup(entry) if entry is not None else None
+        if hit is not None:
+            return hit[0], None
+        if entry is not None:
+            self._optimise(name, path, entry)
+            hit = cache.ort_lookup(entry)
+            if hit is not None:
+                return hit[0], None
+        folder = Path(tempfile.mkdtemp(prefix=f"sam3track-fp32-{name}-"))
+        options = self._session_options(True)
+        configure_saving(options, folder)
+        with load_notice.step(f"optimising graph {name} for ONNX Runtime"):
+            try:
+                self._ort.InferenceSession(path, sess_options=options, providers=self._providers)
+            except Exception as exc:
+                shutil.rmtree(folder, ignore_errors=True)
+                raise BundleError(f"onnxruntime cannot load graph {name} from {path}: {exc}") from exc
+        return str(folder / "model.onnx"), str(folder)
 
     def _optimise(self, name: str, path: str, entry):
         """The session of graph `path`, optimised now (and saved into the compile cache's `entry`)."""
@@ -382,6 +457,9 @@ class OnnxRuntimeBackend(Backend):
         for storage in list(self._storages):
             storage.ortvalue = None
         self.closed = True
+        for folder in self._scratch:
+            shutil.rmtree(folder, ignore_errors=True)
+        self._scratch.clear()
         _return_freed_heap()
 
 
