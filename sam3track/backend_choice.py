@@ -29,6 +29,10 @@ import numpy as np
 GATE_FRAMES = 4  # a conditioning frame and three propagated ones that read its memory
 IOU_MEAN, IOU_MIN = 0.99, 0.95  # tests/test_parity.py's tolerances
 MIN_GAIN = 0.9  # a candidate must take under 90% of ONNX Runtime's time per frame: noise is no reason
+# The gate's peak RSS over the bundle's weights: 12.6 GB for the 3.1 GB full-size bundle (OpenVINO's bf16
+# compile the largest part; benchmarks/full_size.py, cold load of "auto"). With less memory available
+# than that, measuring could get the process killed: ONNX Runtime fp32 is taken unmeasured.
+GATE_MEMORY_FACTOR = 4
 SCHEMA = 1
 ENV_BACKEND = "SAM3TRACK_BACKEND"
 log = logging.getLogger("sam3track")
@@ -88,9 +92,25 @@ def choose(bundle, device: str, threads: int | None, precision: str | None, shap
         log.info("backend=auto: %s %s (measured earlier on this machine): %s", cached["backend"],
                  cached["options"], cached["reason"])
         return Choice(**cached)
+    short = _memory_short_of_gate(bundle)
+    if short is not None:  # not kept as a verdict: memory comes back
+        return Choice("onnxruntime", {}, f"ONNX Runtime fp32, not measured: {short}")
     choice = run_gate(bundle, candidates, open_predictor)
     _write(key, asdict(choice))
     return choice
+
+
+def _memory_short_of_gate(bundle) -> str | None:
+    """Why the gate must not run now (too little memory for it), or None."""
+    from .call_sizes import available_memory
+
+    weights = sum((bundle.root / f).stat().st_size for g in bundle.manifest["graphs"].values()
+                  for f in [g["file"]] + list(g.get("data_files", [])) if (bundle.root / f).is_file())
+    free = available_memory()
+    if free is None or weights * GATE_MEMORY_FACTOR <= free:
+        return None
+    return (f"measuring the faster paths would take about {weights * GATE_MEMORY_FACTOR / 2**30:.1f} GB, "
+            f"{free / 2**30:.1f} GB is available now (backend='openvino' to choose it yourself)")
 
 
 def _asked(precision, shapes) -> dict:

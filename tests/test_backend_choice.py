@@ -111,3 +111,17 @@ def test_info_says_what_auto_runs_here(tiny_bundle, auto):
     with sam3track.load(tiny_bundle) as p:
         label = p.backend_choice.backend
     assert f"auto (default): {label}" in info()
+
+
+def test_too_little_memory_for_the_gate_takes_onnxruntime_unmeasured(tiny_bundle, auto, monkeypatch, capfd):
+    """The gate peaks at about GATE_MEMORY_FACTOR times the bundle's weights (12.6 GB for the full-size
+    bundle): with less available, auto takes ONNX Runtime fp32 without measuring, says why, and keeps no
+    verdict (memory comes back)."""
+    import sam3track.call_sizes as call_sizes
+
+    monkeypatch.setattr(call_sizes, "available_memory", lambda: 1 << 20)
+    with sam3track.load(tiny_bundle) as p:
+        choice = p.backend_choice
+    assert choice.backend == "onnxruntime" and not choice.measured
+    assert choice.reason.startswith("ONNX Runtime fp32, not measured: measuring the faster paths would take about")
+    assert "measuring which path" not in capfd.readouterr().err and not auto.exists()
