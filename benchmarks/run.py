@@ -39,6 +39,8 @@ VARIANTS = {
     "openvino-fp32-static": {"bundle": "fp32", "backend": "openvino", "precision": "fp32", "shapes": "static"},
     "openvino-bf16-static": {"bundle": "fp32", "backend": "openvino", "precision": "bf16", "shapes": "static"},
     "ort-int8": {"bundle": "int8", "backend": "onnxruntime"},
+    # weights kept in fp16, computed in fp32 (sam3track/backends/fp16_weights.py): the memory-light path
+    "ort-fp16-weights": {"bundle": "fp32", "backend": "onnxruntime", "weights": "fp16"},
     # what sam3track.load(bundle) runs: the path backend="auto" measured fastest within tolerance here
     "auto": {"bundle": "fp32", "backend": "auto"},
 }
@@ -160,6 +162,8 @@ def load_variant(name: str, bundles: dict, overrides: dict, threads: int | None)
         options["precision"] = spec["precision"]
         if "shapes" in spec:
             options["shapes"] = spec["shapes"]
+    if "weights" in spec:
+        options["weights"] = spec["weights"]
     try:
         return sam3track.load(bundle.bundle, backend=spec["backend"], threads=threads, **options, **overrides)
     except Exception as exc:  # a missing runtime, a CPU without bf16, ...: reported, the run goes on
