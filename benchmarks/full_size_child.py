@@ -35,11 +35,15 @@ def _frames(spec: dict):
 def run_ours(spec: dict) -> dict:
     from .bundles import BundleInfo
     from .measure import SCORING_OVERRIDES, ours_detection_scores, run_ours as timed_run
-    from .run import load_variant
+    from .run import OURS_FIXED, load_variant
 
     bundles = {"fp32": BundleInfo("", "fp32", Path(spec["bundle"]), Path(spec["source"]), None)}
     started = time.perf_counter()
-    overrides = SCORING_OVERRIDES if spec["task"] == "scores" else spec["overrides"]  # every detection scored
+    if spec["task"] == "scores":
+        overrides = SCORING_OVERRIDES  # every detection scored
+    else:  # what benchmarks/run.py runs ours with: NMS, hole filling off, the reference's quirks, pools for n
+        n = int(spec["overrides"].get("max_num_objects", 1))
+        overrides = {**OURS_FIXED, "pool_objects": max(64, n), **spec["overrides"]}
     predictor = load_variant(spec["variant"], bundles, overrides, spec["threads"])
     out = {"load_s": time.perf_counter() - started, "rss_after_load_mb": proc_mb("VmRSS")}
     chose = getattr(predictor, "backend_choice", None)

@@ -17,6 +17,10 @@ def _stat(values: list[float]) -> dict | None:
     return {"median": statistics.median(values), "min": min(values), "max": max(values)}
 
 
+def _cell(text: str) -> str:
+    return str(text).replace("|", "/").replace("\n", " ")
+
+
 def _fmt(stat: dict | None, scale: float = 1.0, digits: int = 2) -> str:
     if stat is None:
         return "-"
@@ -81,8 +85,9 @@ def _load_table(r: dict) -> list[str]:
         cells = []
         for kind in ("cold", "warm"):
             runs = kinds.get(kind, [])
-            errors = [x["error"] for x in runs if "error" in x]
-            cells.append(errors[0] if errors else _fmt(_stat([x["load_s"] for x in runs])))
+            ok = [x["load_s"] for x in runs if "error" not in x]
+            errors = [_cell(x["error"]) for x in runs if "error" in x]
+            cells.append("; ".join(([_fmt(_stat(ok))] if ok else []) + [f"failed: {e}" for e in errors]) or "-")
         last = [x for x in kinds.get("warm", kinds.get("cold", [])) if "error" not in x]
         rss = _fmt(_stat([x["rss_after_load_mb"] for x in last]), digits=0)
         if side == REFERENCE:
@@ -101,15 +106,18 @@ def _counts_table(r: dict, summ: dict) -> list[str]:
         for side in sides:
             p = summ["points"].get(side, {}).get(n)
             if p is None:
-                rows.append(f"| {n} | {side} | not measured: the run stopped before this count | | | | | |")
+                why = r.get("failed", {}).get(side, "the run stopped before this count")
+                rows.append(f"| {n} | {side} | not measured: {_cell(why)} | | | | | |")
                 continue
             if p["ms"] is None:
-                rows.append(f"| {n} | {side} | failed: {'; '.join(p['errors'])} | | | | | |")
+                rows.append(f"| {n} | {side} | failed: {_cell('; '.join(p['errors']))} | | | | | |")
                 continue
             ratio = f"{p['ms']['median'] / ref['ms']['median']:.2f}" if side != REFERENCE and ref and ref["ms"] else ""
             tracked = "; ".join(" ".join(map(str, t)) for t in p["tracked"])
             if any(c != int(n) for t in p["tracked"] for c in t):
                 tracked += " (differs from the count asked)"
+            if p["errors"]:
+                tracked += f"; {len(p['errors'])} more run(s) failed: {_cell('; '.join(p['errors']))}"
             rows.append(f"| {n} | {side} | {_fmt(p['first_frame_ms'], 1e-3)} | {_fmt(p['ms'], 1e-3)} | {ratio} | "
                         f"{_fmt(p['peak_rss_mb'], digits=0)} | {_fmt(p['load_s'])} | {tracked} |")
     return rows

@@ -27,45 +27,58 @@ def _private_compile_cache(config) -> None:
     """The compile cache (sam3track/backends/compile_cache.py) in a folder of this test process, removed
     at its end: tests never write the user's cache, and never read what an earlier run left there. Child
     processes the tests start inherit it. A run killed before its end (a CI timeout, ^C twice) leaves
-    its folder behind: the next run removes the folders of processes that no longer exist."""
+    its folder behind: the next run removes the folders no live run holds the lock of."""
     if os.environ.get("SAM3TRACK_CACHE"):
         return
     import shutil
     import tempfile
 
     _remove_orphaned_caches(Path(tempfile.gettempdir()))
-    folder = tempfile.mkdtemp(prefix=f"{CACHE_PREFIX}{os.getpid()}-")
+    folder = tempfile.mkdtemp(prefix=CACHE_PREFIX)
+    _HELD.append(_lock(Path(folder)))  # held until this process ends, however it ends
     os.environ["SAM3TRACK_CACHE"] = folder
     config.add_cleanup(lambda: shutil.rmtree(folder, ignore_errors=True))
 
 
 CACHE_PREFIX = "sam3track-test-cache-"
+_HELD: list = []
+
+
+def _lock(folder: Path, wait: bool = True):
+    """An exclusive lock on folder/.lock (an open file), or None when another process holds it (with
+    wait=False) or the folder is gone. Locks die with their process: nothing stale survives a kill."""
+    import fcntl
+
+    try:
+        handle = open(folder / ".lock", "a+")
+    except OSError:
+        return None
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
+    except OSError:
+        handle.close()
+        return None
+    return handle
 
 
 def _remove_orphaned_caches(tmp: Path) -> None:
-    """Remove the private caches of earlier runs whose process is gone (gigabytes each); a folder named
-    before the pid was part of the name goes once a day old."""
+    """Remove the private caches of earlier runs that no live process holds (gigabytes each); a
+    folder without a lock file (named before locks) goes once a day old."""
     import shutil
     import time
 
     for folder in tmp.glob(CACHE_PREFIX + "*"):
-        pid = folder.name[len(CACHE_PREFIX):].split("-")[0]
         try:
-            orphaned = not _alive(int(pid)) if pid.isdigit() else time.time() - folder.stat().st_mtime > 86400
+            if (folder / ".lock").exists():
+                held = _lock(folder, wait=False)
+                if held is None:
+                    continue  # a run still going
+                held.close()
+            elif time.time() - folder.stat().st_mtime < 86400:
+                continue
         except OSError:
             continue  # removed meanwhile by another run
-        if orphaned:
-            shutil.rmtree(folder, ignore_errors=True)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True  # another user's process
-    return True
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def _size_xdist_worker_threads() -> None:

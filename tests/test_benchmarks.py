@@ -288,4 +288,6 @@ def test_full_size_mode_records_a_failed_run_and_goes_on(tmp_path):
     md = markdown(results, image="x.png")
     assert "| 64 | auto | failed: killed by SIGKILL" in md
     assert "| 128 | auto | not measured" in md and "| 1 | reference | not measured" in md
-    assert "| auto | exit 1: " in md
+    assert "| auto | failed: exit 1: " in md
+    results["failed"] = {"reference": "first-frame scores: killed by SIGKILL"}
+    assert "| 1 | reference | not measured: first-frame scores: killed by SIGKILL |" in markdown(results, image="x.png")

@@ -198,8 +198,9 @@ class EntryWriter:
         shutil.rmtree(self.temp, ignore_errors=True)
 
 
-def configure_saving(options, folder: Path) -> None:
-    """Session options that make ONNX Runtime save the graph it optimises into folder/model.onnx."""
+def configure_saving(options, folder: Path, prepacked: bool = True) -> None:
+    """Session options that make ONNX Runtime save the graph it optimises into folder/model.onnx (and,
+    with `prepacked`, the kernels' pre-packed weights beside it)."""
     options.optimized_model_filepath = str(folder / "model.onnx")
     # weights in a side file: a graph over 2 GB cannot be one protobuf
     options.add_session_config_entry("session.optimized_model_external_initializers_file_name", "model.data")
@@ -208,7 +209,8 @@ def configure_saving(options, folder: Path) -> None:
     # and the weights as the CPU kernels pre-pack them (MatMul's packed B): a hit maps them instead of
     # packing again. Full size: the backbone opens in 1.9-2.1 s instead of 2.5-2.8 s, the whole warm load
     # in 3.8 s instead of 4.7-5.1 s, for twice the disk (both forms are kept) and a slower first save.
-    options.add_session_config_entry("session.save_external_prepacked_constant_initializers", "1")
+    if prepacked:
+        options.add_session_config_entry("session.save_external_prepacked_constant_initializers", "1")
 
 
 def cpu_key() -> str:

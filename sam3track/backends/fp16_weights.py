@@ -25,8 +25,8 @@ SCHEMA = 1  # bump when the rewrite changes: the compile cache keys fp16 entries
 def convert(model_path: str | Path, out_dir: Path) -> int:
     """Write `model_path` (an ONNX graph, its weights beside it) into out_dir/model.onnx + model.data
     with its large float initializers in fp16 behind Cast nodes. Returns the parameters converted.
-    Initializers read inside subgraphs (If, Loop bodies) and any with a value beyond fp16's range stay
-    fp32."""
+    Initializers read inside subgraphs (If, Loop bodies), initializers that are also graph inputs and
+    any with a value beyond fp16's range stay fp32."""
     import onnx
     from onnx import TensorProto, helper, numpy_helper
 
@@ -34,7 +34,7 @@ def convert(model_path: str | Path, out_dir: Path) -> int:
         warnings.simplefilter("ignore", UserWarning)
         model = onnx.load(str(model_path))
     graph = model.graph
-    inner = _subgraph_inputs(graph)
+    inner = _subgraph_inputs(graph) | {i.name for i in graph.input}  # a graph input's default stays as it is
     first_use: dict[str, int] = {}
     for index, node in enumerate(graph.node):
         for name in node.input:

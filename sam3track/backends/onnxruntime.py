@@ -120,7 +120,6 @@ class OnnxRuntimeBackend(Backend):
             raise Sam3TrackError(f"weights={weights!r}: use one of {', '.join(map(repr, WEIGHTS))}; 'fp16' is for "
                                  "device='cpu'")
         self._weights = weights
-        self._scratch: list[str] = []  # folders of fp16 graphs made without a cache: removed at close()
         self.provider = provider
         self.device_id = int(index or 0)
         self._ort = ort
@@ -188,31 +187,31 @@ class OnnxRuntimeBackend(Backend):
 
     def _store_fp16(self, name: str, path: str, entry):
         """The session of graph `path` with its weights in fp16 (fp16_weights.py): optimised in fp32
-        first (from the cache when it has it), rewritten, saved into `entry` (or a scratch folder
-        removed at close when there is no cache) and opened from there, the fp16 file mapped."""
+        first (from the cache when it has it), rewritten, saved into `entry` (or, with no cache, a
+        scratch folder removed as soon as the session has mapped it) and opened from there."""
         import tempfile
 
         from .fp16_weights import convert
 
         optimised, scratch = self._optimised_file(name, path)
-        writer = self._cache.ort_writer(entry) if entry is not None else None
-        folder = writer.temp if writer is not None else tempfile.mkdtemp(prefix=f"sam3track-fp16-{name}-")
-        if writer is None:
-            self._scratch.append(folder)
-        with load_notice.step(f"storing graph {name}'s weights in fp16"):
-            try:
+        writer, folder = None, None
+        try:
+            with load_notice.step(f"storing graph {name}'s weights in fp16"):
+                writer = self._cache.ort_writer(entry) if entry is not None else None
+                folder = writer.temp if writer is not None else tempfile.mkdtemp(prefix=f"sam3track-fp16-{name}-")
                 convert(optimised, Path(folder))
                 session = self._ort.InferenceSession(str(Path(folder) / "model.onnx"),
                                                      sess_options=self._session_options(False),
                                                      providers=self._providers)
-            except Exception as exc:
-                if writer is not None:
-                    writer.abandon()
-                raise BundleError(f"onnxruntime cannot keep graph {name}'s weights in fp16 ({exc}); load it "
-                                  "with weights='fp32'") from exc
-            finally:
-                if scratch is not None:
-                    shutil.rmtree(scratch, ignore_errors=True)
+        except Exception as exc:
+            if writer is not None:
+                writer.abandon()
+            raise BundleError(f"onnxruntime cannot keep graph {name}'s weights in fp16 ({exc}); load it "
+                              "with weights='fp32'") from exc
+        finally:
+            _remove(scratch)
+            if writer is None:
+                _remove(folder)  # ONNX Runtime has mapped its files: they live on until the session goes
         if writer is not None:
             writer.commit(session, path)  # the mapped files follow their folder's rename
         return self._checked(name, session)
@@ -228,22 +227,24 @@ class OnnxRuntimeBackend(Backend):
         cache = self._cache
         entry = cache.ort_entry(self._ort, name, self._providers) if cache is not None else None
         hit = cache.ort_lookup(entry) if entry is not None else None
+        if hit is None and entry is not None:
+            self._optimise(name, path, entry)  # its session dropped at once: only the saved file is read
+            _return_freed_heap()
+            hit = cache.ort_lookup(entry)
         if hit is not None:
             return hit[0], None
-        if entry is not None:
-            self._optimise(name, path, entry)
-            hit = cache.ort_lookup(entry)
-            if hit is not None:
-                return hit[0], None
         folder = Path(tempfile.mkdtemp(prefix=f"sam3track-fp32-{name}-"))
-        options = self._session_options(True)
-        configure_saving(options, folder)
-        with load_notice.step(f"optimising graph {name} for ONNX Runtime"):
-            try:
+        try:
+            options = self._session_options(True)
+            configure_saving(options, folder, prepacked=False)
+            with load_notice.step(f"optimising graph {name} for ONNX Runtime"):
                 self._ort.InferenceSession(path, sess_options=options, providers=self._providers)
-            except Exception as exc:
-                shutil.rmtree(folder, ignore_errors=True)
+        except BaseException as exc:
+            _remove(str(folder))
+            if isinstance(exc, Exception):
                 raise BundleError(f"onnxruntime cannot load graph {name} from {path}: {exc}") from exc
+            raise
+        _return_freed_heap()
         return str(folder / "model.onnx"), str(folder)
 
     def _optimise(self, name: str, path: str, entry):
@@ -457,9 +458,6 @@ class OnnxRuntimeBackend(Backend):
         for storage in list(self._storages):
             storage.ortvalue = None
         self.closed = True
-        for folder in self._scratch:
-            shutil.rmtree(folder, ignore_errors=True)
-        self._scratch.clear()
         _return_freed_heap()
 
 
@@ -484,6 +482,11 @@ _ORT_TO_NUMPY = {
 
 
 _MALLOC_TRIM = None
+
+
+def _remove(folder) -> None:
+    if folder is not None:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def _return_freed_heap() -> None:
