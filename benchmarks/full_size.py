@@ -31,7 +31,7 @@ from pathlib import Path
 
 from .bundles import PRESETS, BundleInfo, get_bundle
 from .measure import count_overrides
-from .run import CLIPS, REPO, VARIANTS, code_info, machine_info
+from .run import CLIPS, REPO, VARIANTS, code_info, machine_info, settle_paths
 
 DEFAULT_OBJECTS = (1, 16, 64, 128)
 REFERENCE = "reference"
@@ -67,10 +67,7 @@ def _arguments(argv: list[str] | None) -> argparse.Namespace:
     unknown = [v for v in args.variants if v not in VARIANTS]
     if unknown or not args.variants or args.frames < 2 or args.reps < 1 or min(args.objects) < 1:
         ap.error(f"unknown variants {unknown}" if unknown else "need a variant, --frames >= 2, --reps >= 1, objects >= 1")
-    args.out = (args.out or Path(tempfile.mkdtemp(prefix=f"sam3track-full-size-{args.preset}-"))).absolute()
-    args.out.mkdir(parents=True, exist_ok=True)
-    args.cache = (args.cache or args.out / "bundles").absolute()
-    args.clip = args.clip.absolute()
+    settle_paths(args, f"sam3track-full-size-{args.preset}-")
     return args
 
 

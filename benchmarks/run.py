@@ -563,11 +563,16 @@ def _arguments(argv: list[str] | None) -> argparse.Namespace:
     unknown = [v for v in args.variants if v not in VARIANTS]
     if unknown or args.frames < 2 or args.reps < 1 or min(args.objects) < 1:
         ap.error(f"unknown variants {unknown}" if unknown else "need --frames >= 2, --reps >= 1, objects >= 1")
-    args.out = (args.out or Path(tempfile.mkdtemp(prefix=f"sam3track-bench-{args.preset}-"))).absolute()
+    settle_paths(args, f"sam3track-bench-{args.preset}-")
+    return args
+
+
+def settle_paths(args: argparse.Namespace, prefix: str) -> None:
+    """--out (a new temporary folder when not given), --cache (default OUT/bundles) and --clip, absolute."""
+    args.out = (args.out or Path(tempfile.mkdtemp(prefix=prefix))).absolute()
     args.out.mkdir(parents=True, exist_ok=True)
     args.cache = (args.cache or args.out / "bundles").absolute()
     args.clip = args.clip.absolute()
-    return args
 
 
 def _new_results(args, argv: list[str] | None) -> dict:
