@@ -104,8 +104,7 @@ def _memory_short_of_gate(bundle) -> str | None:
     """Why the gate must not run now (too little memory for it), or None."""
     from .call_sizes import available_memory
 
-    weights = sum((bundle.root / f).stat().st_size for g in bundle.manifest["graphs"].values()
-                  for f in [g["file"]] + list(g.get("data_files", [])) if (bundle.root / f).is_file())
+    weights = bundle.graph_bytes()
     free = available_memory()
     if free is None or weights * GATE_MEMORY_FACTOR <= free:
         return None

@@ -196,6 +196,13 @@ class Bundle:
     def family(self):
         return family_of(self.manifest)
 
+    def graph_bytes(self, name: str | None = None) -> int:
+        """The size on disk of graph `name`'s files (the graph and its weights), or of every graph's."""
+        names = [name] if name is not None else list(self.manifest["graphs"])
+        graphs = self.manifest["graphs"]
+        files = [self.root / f for n in names for f in [graphs[n]["file"]] + list(graphs[n].get("data_files", []))]
+        return sum(path.stat().st_size for path in files if path.is_file())
+
     def graph_path(self, name: str) -> Path:
         return self.root / self.manifest["graphs"][name]["file"]
 

@@ -42,7 +42,7 @@ class Predictor:
     def load(cls, bundle_dir, backend: str = "auto", device: str = "cpu", verify: bool = True,
              threads: int | None = None, gears=None, precision: str | None = None,
              shapes: str | None = None, weights: str | None = None, compile_cache=None,
-             **config_overrides) -> "Predictor":
+             release_text_encoder: bool | None = None, **config_overrides) -> "Predictor":
         """Open and check a bundle, then load its graphs. Keyword overrides change TrackerConfig fields,
         e.g. mask_nms=False, fill_holes=False to compare with transformers.
 
@@ -68,14 +68,18 @@ class Predictor:
         gears (onnxruntime only): "compiled" runs an OM bundle's gears on ONNX Runtime, or
         {axis: sizes} pads every call to those sizes, so CPU runs take the Ascend padding path.
         compile_cache: None (default: on, unless SAM3TRACK_COMPILE_CACHE=0), True, False, or a folder:
-        where optimised graphs and checked sha256s are kept between loads (docs/speed.md, "Load time")."""
+        where optimised graphs and checked sha256s are kept between loads (docs/speed.md, "Load time").
+        release_text_encoder (ONNX Runtime, compile cache on): free the text encoder after each prompt
+        and open it again from the cache at the next (about 0.8 s at full size): None (default) when its
+        weights are 512 MiB or more (the full-size model's 1.2 GB then stay out of every frame's peak),
+        True always, False never."""
         if not isinstance(bundle_dir, (str, os.PathLike)):
             raise BundleError(f"load() takes the path of a bundle directory, not {type(bundle_dir).__name__}; "
                               "export one with python -m graphs.export")
         bundle = Bundle.open(Path(bundle_dir), verify=verify, cache=compile_cache)
         config = bundle.family.config_from_manifest(bundle.manifest, **config_overrides)
         options = {"threads": threads} if threads is not None else {}
-        options["compile_cache"] = CompileCache.for_bundle(bundle, compile_cache)
+        options["compile_cache"] = CompileCache.for_bundle(bundle, compile_cache, release_text_encoder)
         choice = None
         if backend == "auto" and weights not in (None, "fp32"):  # an ONNX Runtime option: the user's choice
             backend = "onnxruntime"

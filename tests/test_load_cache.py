@@ -106,6 +106,41 @@ def test_deferred_graphs_open_at_first_use_and_close_with_the_rest(tiny_bundle, 
         predictor.backend.run(graphs["mask_init"], {})
 
 
+def _two_prompts(predictor, frames):
+    """Two text prompts, the text encoder's state after each (loaded or not), and the tracks."""
+    encoder, loaded = predictor.graphs["text_encoder"], []
+    with predictor.start_session(frames) as s:
+        for text in ("bike", "person"):
+            s.add_prompt(text=text)
+            loaded.append(encoder.loaded)
+        return loaded, [(r.object_ids.copy(), r.masks.copy(), r.scores.copy()) for r in s.propagate()]
+
+
+def test_a_released_text_encoder_is_freed_after_each_prompt_and_tracks_the_same(tiny_bundle, frames, tmp_path):
+    """release_text_encoder (full size: 1.2 GB of weights kept out of every frame's peak): the session goes
+    after each prompt and comes back from the cache entry at the next; the tracks do not change."""
+    cache = tmp_path / "cache"
+    cold, _ = _load(tiny_bundle, cache, release_text_encoder=True)  # a miss: optimised now, freed after its run
+    assert cold.graphs["text_encoder"].loaded
+    assert _two_prompts(cold, frames)[0] == [False, False]
+    cold.close()
+    warm, _ = _load(tiny_bundle, cache, release_text_encoder=True)
+    assert not warm.graphs["text_encoder"].loaded  # not opened at load either
+    loaded, released = _two_prompts(warm, frames)
+    assert loaded == [False, False] and warm.backend.calls["text_encoder"] == 2
+    warm.close()
+    kept, _ = _load(tiny_bundle, cache)  # the default: a text encoder this small (a few MB) stays
+    loaded, resident = _two_prompts(kept, frames)
+    assert loaded == [True, True]
+    kept.close()
+    with sam3track.load(tiny_bundle, compile_cache=False, release_text_encoder=True) as uncached:
+        assert _two_prompts(uncached, frames)[0] == [True, True]  # nothing to open it again from: kept
+    assert any(len(ids) for ids, _, _ in released)
+    for a, b in zip(released, resident, strict=True):
+        for x, y in zip(a, b):
+            np.testing.assert_array_equal(x, y)
+
+
 def test_concurrent_loads_into_one_empty_cache(tiny_bundle, tmp_path):
     cache = tmp_path / "cache"
     code = ("import json, sam3track; from sam3track.backends.compile_cache import STATS; "

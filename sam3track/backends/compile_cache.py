@@ -44,6 +44,10 @@ DEFAULT_MAX_GB = 20.0
 RECENT_SECONDS = 3600.0
 ENTRY = "entry.json"  # written last inside the entry; lists its files with their sizes and times
 STALE_PARTIAL_SECONDS = 3600.0  # a private folder this old belongs to a killed load
+# A released graph (the text encoder) of this size or more is freed after each run: at full size its
+# 1.2 GB of weights stay out of every frame's peak, for about 0.8 s to open it again at the next prompt
+# (docs/speed.md, "Memory at full size"). Smaller ones stay: the memory is not worth the reopening.
+RELEASE_MIN_BYTES = 512 * 2 ** 20
 
 # what the caches of this process did ("hit", "written", "unusable", "evicted"): the tests read it, not the clock
 STATS: Counter[str] = Counter()
@@ -61,19 +65,26 @@ class CompileCache:
     """The cache entries of one bundle's graphs under `root` (None: no cache), and the graphs the load may
     defer to their first run."""
 
-    def __init__(self, root: Path | None, digests: dict[str, dict[str, str]], deferred=()):
+    def __init__(self, root: Path | None, digests: dict[str, dict[str, str]], deferred=(), released=()):
         self.root = Path(root) if root is not None else None
         self.digests = digests  # graph name -> {file: sha256}, from the manifest
         self.deferred = frozenset(deferred)
+        # graphs freed after each run and opened again from their entry at the next (cache on only)
+        self.released = frozenset(released) if self.root is not None else frozenset()
         self.used: set[Path] = set()  # this load's entries: marked used now, never pruned in this process
         _LIVE.add(self)  # while a backend holds this cache, no load in this process prunes its entries
 
     @classmethod
-    def for_bundle(cls, bundle, setting=None) -> "CompileCache":
-        """setting: None (on unless SAM3TRACK_COMPILE_CACHE=0), True, False or a folder (user_cache)."""
+    def for_bundle(cls, bundle, setting=None, release: bool | None = None) -> "CompileCache":
+        """setting: None (on unless SAM3TRACK_COMPILE_CACHE=0), True, False or a folder (user_cache).
+        release: free the family's released_graphs after each run: None (default) those of at least
+        RELEASE_MIN_BYTES, True all of them, False none."""
         manifest = bundle.manifest
+        family = bundle.family
+        released = [name for name in getattr(family, "released_graphs", ()) if name in manifest["graphs"]
+                    and (release or (release is None and bundle.graph_bytes(name) >= RELEASE_MIN_BYTES))]
         return cls(cache_folder(setting), {name: dict(g.get("sha256", {})) for name, g in manifest["graphs"].items()},
-                   getattr(bundle.family, "deferred_graphs", ()))
+                   getattr(family, "deferred_graphs", ()), released)
 
     @property
     def enabled(self) -> bool:

@@ -55,12 +55,15 @@ def threads_within_affinity() -> int | None:
 
 class OrtGraph(Graph):
     def __init__(self, name: str, session, gears: dict[str, tuple[int, ...]], io: dict | None = None,
-                 opener=None):
+                 opener=None, saved: tuple[str, Path] | None = None):
         """session: the graph's InferenceSession; or None for a deferred graph, described by `io`
-        (compile_cache._io_of's record) until opener() makes its session at the first run."""
+        (compile_cache._io_of's record) until opener() makes its session at the first run. saved: for a
+        released graph (compile_cache.released), its bundle file and its cache entry, from which its
+        next run opens it again."""
         self.name = name
         self.session = session
         self.opener = opener
+        self.saved = saved
         self.lock = threading.Lock()  # one thread makes a deferred session; the others wait for it
         if session is not None:
             io = {"inputs": [[t.name, t.shape] for t in session.get_inputs()],
@@ -129,6 +132,12 @@ class OnnxRuntimeBackend(Backend):
         threads = threads or DEFAULT_THREADS or threads_within_affinity()
         if threads:
             self._options.intra_op_num_threads = threads
+        self._run_options = ort.RunOptions()
+        if provider == "CPUExecutionProvider":
+            # Each session's arena hands back what a run took beyond its first chunk: arenas otherwise
+            # keep every graph's largest scratch, and the tensors kept between frames scatter the
+            # rest (full size, 1 object: peak 5.2 -> 4.2 GB, no slower; docs/speed.md).
+            self._run_options.add_run_config_entry("memory.enable_memory_arena_shrinkage", "cpu:0")
         self._graphs: list[OrtGraph] = []
         self._copy_sessions: dict[tuple, object] = {}
         self._storages: weakref.WeakSet[_Storage] = weakref.WeakSet()  # every allocation not yet collected
@@ -154,10 +163,12 @@ class OnnxRuntimeBackend(Backend):
         entry = cache.ort_entry(self._ort, name, self._providers, self._weights) if cache is not None else None
         hit = cache.ort_lookup(entry) if entry is not None else None
         make = self._optimise if self._weights == "fp32" else self._store_fp16
+        saved = (path, entry) if entry is not None and name in cache.released else None
         if hit is None:
-            graph = OrtGraph(name, make(name, path, entry), gears)
-        elif name in cache.deferred:  # checked now, its session made at the first run
-            graph = OrtGraph(name, None, gears, hit[1], opener=lambda: self._open_saved(name, path, entry, hit[0]))
+            graph = OrtGraph(name, make(name, path, entry), gears, saved=saved)
+        elif name in cache.deferred or saved is not None:  # checked now, its session made at the first run
+            graph = OrtGraph(name, None, gears, hit[1], opener=lambda: self._open_saved(name, path, entry, hit[0]),
+                             saved=saved)
         else:
             graph = OrtGraph(name, self._open_saved(name, path, entry, hit[0]), gears)
         self._graphs.append(graph)
@@ -442,12 +453,26 @@ class OnnxRuntimeBackend(Backend):
             else:
                 io.bind_output(name, self.device_type, self.device_id)
         started = time.perf_counter()
-        session.run_with_iobinding(io)
+        session.run_with_iobinding(io, self._run_options)
         self.seconds[graph.name] += time.perf_counter() - started
         result = {}
         for name, ov in zip(graph.output_names, io.get_outputs()):
             result[name] = outputs[name] if name in outputs else self._wrap(ov)
+        if graph.saved is not None:
+            del session, io  # the outputs keep only the memory they use
+            self._release(graph)
         return result
+
+    def _release(self, graph: OrtGraph) -> None:
+        """Free a released graph's session, its weights and its arena, until its next run opens it again
+        from the compile cache entry; kept while that entry is missing (pruned by another process)."""
+        path, entry = graph.saved
+        if not (entry / "model.onnx").is_file():
+            return
+        with graph.lock:
+            graph.session = None
+            graph.opener = lambda: self._open_saved(graph.name, path, entry, str(entry / "model.onnx"))
+        _return_freed_heap()
 
     def close(self) -> None:
         for graph in self._graphs:

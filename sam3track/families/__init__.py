@@ -27,6 +27,9 @@ class Family:
     # graphs a text-prompted first frame may not run (clicks, boxes, births): a load checks them and
     # makes their session at their first run (backends/compile_cache.py)
     deferred_graphs: tuple[str, ...] = ()
+    # graphs run only when a prompt is added (the text encoder: a third of the full-size weights), which
+    # a backend that reopens them quickly frees after each run (backends/compile_cache.py, `released`)
+    released_graphs: tuple[str, ...] = ()
 
 
 def _sam3() -> Family:
@@ -38,7 +41,7 @@ def _sam3() -> Family:
         return Sam3Session
 
     return Family(SAM3, sam3.REQUIRED_GRAPHS, sam3.REQUIRED_KEYS, TrackerConfig.from_manifest, session, True,
-                  ("interactive_decoder", "mask_init"))
+                  ("interactive_decoder", "mask_init"), ("text_encoder",))
 
 
 def _sam31() -> Family:
@@ -49,7 +52,7 @@ def _sam31() -> Family:
         return Sam31Session
 
     return Family(SAM31, config.REQUIRED_GRAPHS, config.REQUIRED_KEYS, config.Sam31Config.from_manifest,
-                  session, False, ("interactive_decoder", "mask_init", "box_grounding_head"))
+                  session, False, ("interactive_decoder", "mask_init", "box_grounding_head"), ("text_encoder",))
 
 
 # manifest "family" -> its Family (absent means SAM 3: bundles from before SAM 3.1 carry no name)
