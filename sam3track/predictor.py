@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import warnings
 import weakref
 from pathlib import Path
 
@@ -14,7 +15,7 @@ from .backends.compile_cache import CompileCache
 from .bundle import Bundle
 from .call_sizes import available_memory, default_gears, objects_per_call
 from .families.sam3.config import TrackerConfig
-from .errors import BundleError, SessionClosedError, VideoError
+from .errors import BundleError, CapacityWarning, SessionClosedError, VideoError
 from .session_base import check_frame_size
 from .tracking_session import TrackingSession
 from .tokenizer import PromptTokenizer
@@ -102,6 +103,8 @@ class Predictor:
                 and isinstance(config, TrackerConfig):
             budget = budget_gears(config)  # the host memory a call may take: not a choice to record
             options.update({"gears": budget} if budget else {})
+        if str(device).partition(":")[0] == "cpu":
+            warn_over_budget(bundle, config, weights)
         predictor = cls(bundle, create_backend(backend, device, **options), config)
         options["compile_cache"].prune()  # the cache stays within its cap, this load's entries kept
         recorded = ("threads", "compile_cache") + (("gears",) if gears is None else ())
@@ -159,16 +162,42 @@ class Predictor:
         self.close()
 
 
+def memory_budget(config) -> int | None:
+    """The bytes a load may plan for: memory_budget_mib, or half the memory available now (None: unknown)."""
+    if getattr(config, "memory_budget_mib", 0):
+        return config.memory_budget_mib * 2 ** 20
+    available = available_memory()
+    return None if available is None else available // 2
+
+
+def warn_over_budget(bundle: Bundle, config, weights: str | None) -> None:
+    """One CapacityWarning naming the knob where a CPU load plans more memory than there is: the graphs'
+    weights over what is available now, or the memory pools, once full, over the memory budget."""
+    available = available_memory()
+    held = bundle.graph_bytes() // (2 if weights == "fp16" else 1)
+    if available is not None and held > available:
+        warnings.warn(CapacityWarning(
+            f"the graphs of {bundle.root} hold {held / 2**30:.1f} GB and {available / 2**30:.1f} GB of memory is "
+            "available: the load may be killed. Free memory, or load with weights='fp16' (about half)"), stacklevel=3)
+    budget = memory_budget(config)
+    if not isinstance(config, TrackerConfig) or budget is None:
+        return
+    row = config.feature_grid ** 2 * config.memory_dim * 4  # one spatial memory, fp32
+    pools = config.capacities()["memory_rows"] * row
+    if pools > budget:
+        warnings.warn(CapacityWarning(
+            f"the memory pools for pool_objects={config.pool_objects} objects take {pools / 2**20:,.0f} MiB once "
+            f"full, over the memory budget of {budget / 2**20:,.0f} MiB: load with a smaller pool_objects (or "
+            "max_num_objects), or a larger memory_budget_mib"), stacklevel=3)
+
+
 def budget_gears(config: TrackerConfig) -> dict | None:
     """ONNX Runtime's call sizes on the objects axis that keep one propagation call within
     config.memory_budget_mib (0: half the memory available now): every count up to the most that fit,
     so calls are split without padding. None when a call of pool_objects objects fits already."""
-    budget = config.memory_budget_mib * 2 ** 20
-    if not budget:
-        available = available_memory()
-        if available is None:
-            return None
-        budget = available // 2
+    budget = memory_budget(config)
+    if budget is None:
+        return None
     most = objects_per_call(config, budget)
     return None if most >= config.pool_objects else {"objects": tuple(range(1, most + 1))}
 
