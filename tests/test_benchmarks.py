@@ -291,3 +291,17 @@ def test_full_size_mode_records_a_failed_run_and_goes_on(tmp_path):
     assert "| auto | failed: exit 1: " in md
     results["failed"] = {"reference": "first-frame scores: killed by SIGKILL"}
     assert "| 1 | reference | not measured: first-frame scores: killed by SIGKILL |" in markdown(results, image="x.png")
+
+
+def test_memory_phases_tool_reports_each_phase_and_each_graph(tiny_bundle, capsys):
+    """python -m benchmarks.memory_phases (docs/speed.md, "Memory at full size") on the tiny bundle: RSS and
+    peak after the load, the prompt and each frame; per graph, its calls and what they took."""
+    from benchmarks.memory_phases import main as memory_main
+
+    assert memory_main([str(tiny_bundle), "--frames", "2", "--per-graph", "--release-text-encoder", "yes"]) == 0
+    r = json.loads(capsys.readouterr().out)
+    for phase in ("after_load", "after_prompt", "frame0", "frame1", "after_close"):
+        assert r[phase]["VmHWM"] >= r[phase]["VmRSS"] > 0, phase
+    assert len(r["seconds_per_frame"]) == 2 and r["graph_seconds"]["backbone"] > 0
+    assert r["per_graph"]["backbone"]["calls"] == 2 and r["per_graph"]["text_encoder"]["calls"] == 1
+    assert all({"peak_rise_mb", "left_mb"} <= set(g) for g in r["per_graph"].values())
