@@ -120,8 +120,8 @@ def test_a_released_text_encoder_is_freed_after_each_prompt_and_tracks_the_same(
     """release_text_encoder (full size: 1.2 GB of weights kept out of every frame's peak): the session goes
     after each prompt and comes back from the cache entry at the next; the tracks do not change."""
     cache = tmp_path / "cache"
-    cold, _ = _load(tiny_bundle, cache, release_text_encoder=True)  # a miss: optimised now, freed after its run
-    assert cold.graphs["text_encoder"].loaded
+    cold, _ = _load(tiny_bundle, cache, release_text_encoder=True)  # a miss: optimised, saved, then freed
+    assert not cold.graphs["text_encoder"].loaded
     assert _two_prompts(cold, frames)[0] == [False, False]
     cold.close()
     warm, _ = _load(tiny_bundle, cache, release_text_encoder=True)

@@ -166,6 +166,8 @@ class OnnxRuntimeBackend(Backend):
         saved = (path, entry) if entry is not None and name in cache.released else None
         if hit is None:
             graph = OrtGraph(name, make(name, path, entry), gears, saved=saved)
+            if saved is not None:  # saved now: freed until its first run, as after a warm load
+                self._release(graph)
         elif name in cache.deferred or saved is not None:  # checked now, its session made at the first run
             graph = OrtGraph(name, None, gears, hit[1], opener=lambda: self._open_saved(name, path, entry, hit[0]),
                              saved=saved)
