@@ -7,7 +7,8 @@ file); that session is the one that runs, so a cold load costs one save more tha
 A hit opens the saved graph with optimisations off, its weights already pre-packed for the CPU kernels. A graph optimised at the full level holds layouts and
 fusions of this CPU, so the key holds the CPU's model and flags. The entry also records the graph's inputs
 and outputs, so a deferred graph (`deferred`: the ones a text-prompted first frame may not run) is checked
-at load and its session made at its first run. Other providers (CUDA, CANN) are not cached. OpenVINO: its
+at load and its session made at its first run, and a released graph (`released`: a large text encoder,
+run only when a prompt is added) is freed after each run and opened from its entry again at the next. Other providers (CUDA, CANN) are not cached. OpenVINO: its
 own compiled-model cache (CACHE_DIR), in a folder of the bundle.
 
 An entry is keyed by the graph's sha256s from the manifest, the runtime and its version, the providers and
