@@ -88,7 +88,8 @@ def main(argv: list[str] | None = None) -> int:
             started = time.perf_counter()
             result = session.track(frame)
             seconds.append(round(time.perf_counter() - started, 2))
-            out[f"frame{i}"] = memory_mb() | {"objects": len(result.object_ids)}
+            out[f"frame{i}"] = memory_mb() | {"objects": len(result.object_ids),
+                                               "text_encoder_open": predictor.graphs["text_encoder"].loaded}
         out["seconds_per_frame"] = seconds
         out["graph_seconds"] = {k: round(v, 2) for k, v in predictor.backend.seconds.items()}
     out["after_close"] = memory_mb()

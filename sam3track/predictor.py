@@ -171,24 +171,24 @@ def memory_budget(config) -> int | None:
 
 
 def warn_over_budget(bundle: Bundle, config, weights: str | None) -> None:
-    """One CapacityWarning naming the knob where a CPU load plans more memory than there is: the graphs'
-    weights over what is available now, or the memory pools, once full, over the memory budget."""
+    """One CapacityWarning naming the knob where a CPU load plans more memory than is available now: the
+    graphs' weights, or those and the memory pools once full (pool_objects objects' memories)."""
     available = available_memory()
+    if available is None:
+        return
     held = bundle.graph_bytes() // (2 if weights == "fp16" else 1)
-    if available is not None and held > available:
+    if held > available:
+        knob = "" if weights == "fp16" else ", or load with backend='onnxruntime', weights='fp16' (about half)"
         warnings.warn(CapacityWarning(
             f"the graphs of {bundle.root} hold {held / 2**30:.1f} GB and {available / 2**30:.1f} GB of memory is "
-            "available: the load may be killed. Free memory, or load with weights='fp16' (about half)"), stacklevel=3)
-    budget = memory_budget(config)
-    if not isinstance(config, TrackerConfig) or budget is None:
-        return
-    row = config.feature_grid ** 2 * config.memory_dim * 4  # one spatial memory, fp32
-    pools = config.capacities()["memory_rows"] * row
-    if pools > budget:
-        warnings.warn(CapacityWarning(
-            f"the memory pools for pool_objects={config.pool_objects} objects take {pools / 2**20:,.0f} MiB once "
-            f"full, over the memory budget of {budget / 2**20:,.0f} MiB: load with a smaller pool_objects (or "
-            "max_num_objects), or a larger memory_budget_mib"), stacklevel=3)
+            f"available: the load may be killed. Free memory{knob}"), stacklevel=4)
+    elif isinstance(config, TrackerConfig):
+        pools = config.capacities()["memory_rows"] * config.feature_grid ** 2 * config.memory_dim * 4  # fp32 rows
+        if held + pools > available:
+            warnings.warn(CapacityWarning(
+                f"the memory pools for pool_objects={config.pool_objects} objects take {pools / 2**20:,.0f} MiB once "
+                f"full; with the graphs' {held / 2**20:,.0f} MiB that is more than the {available / 2**20:,.0f} MiB "
+                "available: load with a smaller pool_objects (or max_num_objects), or free memory"), stacklevel=4)
 
 
 def budget_gears(config: TrackerConfig) -> dict | None:

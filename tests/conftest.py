@@ -37,7 +37,17 @@ def _private_compile_cache(config) -> None:
     folder = tempfile.mkdtemp(prefix=CACHE_PREFIX)
     _HELD.append(_lock(Path(folder)))  # held until this process ends, however it ends
     os.environ["SAM3TRACK_CACHE"] = folder
-    config.add_cleanup(lambda: shutil.rmtree(folder, ignore_errors=True))
+    config.add_cleanup(lambda: _release_and_remove(folder))
+
+
+def _release_and_remove(folder: str) -> None:
+    import shutil
+
+    shutil.rmtree(folder, ignore_errors=True)
+    for handle in _HELD:  # the folder is gone: nothing left to guard (and no unclosed-file warning at exit)
+        if handle is not None:
+            handle.close()
+    _HELD.clear()
 
 
 CACHE_PREFIX = "sam3track-test-cache-"

@@ -304,4 +304,5 @@ def test_memory_phases_tool_reports_each_phase_and_each_graph(tiny_bundle, capsy
         assert r[phase]["VmHWM"] >= r[phase]["VmRSS"] > 0, phase
     assert len(r["seconds_per_frame"]) == 2 and r["graph_seconds"]["backbone"] > 0
     assert r["per_graph"]["backbone"]["calls"] == 2 and r["per_graph"]["text_encoder"]["calls"] == 1
+    assert r["frame0"]["text_encoder_open"] is False  # released: freed once the frame's graphs ran
     assert all({"peak_rise_mb", "left_mb"} <= set(g) for g in r["per_graph"].values())

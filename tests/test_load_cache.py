@@ -106,39 +106,69 @@ def test_deferred_graphs_open_at_first_use_and_close_with_the_rest(tiny_bundle, 
         predictor.backend.run(graphs["mask_init"], {})
 
 
-def _two_prompts(predictor, frames):
-    """Two text prompts, the text encoder's state after each (loaded or not), and the tracks."""
+def _prompts_then_frames(predictor, frames):
+    """Two text prompts, then the frames; whether the text encoder was open after each prompt and after
+    the first frame, what the compile cache did meanwhile, and the tracks."""
     encoder, loaded = predictor.graphs["text_encoder"], []
+    before = STATS.copy()
     with predictor.start_session(frames) as s:
         for text in ("bike", "person"):
             s.add_prompt(text=text)
             loaded.append(encoder.loaded)
-        return loaded, [(r.object_ids.copy(), r.masks.copy(), r.scores.copy()) for r in s.propagate()]
+        results = s.propagate()
+        tracks = [next(results)]
+        loaded.append(encoder.loaded)
+        tracks += list(results)
+    did = {k: STATS[k] - before[k] for k in ("hit", "written", "unusable") if STATS[k] - before[k]}
+    return loaded, did, [(r.object_ids.copy(), r.masks.copy(), r.scores.copy()) for r in tracks]
 
 
-def test_a_released_text_encoder_is_freed_after_each_prompt_and_tracks_the_same(tiny_bundle, frames, tmp_path):
-    """release_text_encoder (full size: 1.2 GB of weights kept out of every frame's peak): the session goes
-    after each prompt and comes back from the cache entry at the next; the tracks do not change."""
+def test_a_released_text_encoder_is_freed_when_a_frame_runs_and_tracks_the_same(tiny_bundle, frames, tmp_path,
+                                                                                 monkeypatch):
+    """release_text_encoder (full size: 1.2 GB of weights kept out of every frame's peak): the encoder stays
+    open through a burst of prompts, is freed when the next graph runs, and opens again from its cache
+    entry (a hit, nothing written) at the next prompt; the tracks do not change."""
+    from sam3track.backends import compile_cache
+
     cache = tmp_path / "cache"
     cold, _ = _load(tiny_bundle, cache, release_text_encoder=True)  # a miss: optimised, saved, then freed
     assert not cold.graphs["text_encoder"].loaded
-    assert _two_prompts(cold, frames)[0] == [False, False]
+    loaded, did, _ = _prompts_then_frames(cold, frames)
+    assert loaded == [True, True, False] and did == {"hit": 1}
     cold.close()
-    warm, _ = _load(tiny_bundle, cache, release_text_encoder=True)
+    monkeypatch.setattr(compile_cache, "RELEASE_MIN_BYTES", 1)  # the default rule, at a size the tiny one passes
+    warm, _ = _load(tiny_bundle, cache)
     assert not warm.graphs["text_encoder"].loaded  # not opened at load either
-    loaded, released = _two_prompts(warm, frames)
-    assert loaded == [False, False] and warm.backend.calls["text_encoder"] == 2
+    loaded, did, released = _prompts_then_frames(warm, frames)
+    # opened from the entry the load checked (its hit counted then), nothing written
+    assert loaded == [True, True, False] and did == {} and warm.backend.calls["text_encoder"] == 2
     warm.close()
+    monkeypatch.undo()
     kept, _ = _load(tiny_bundle, cache)  # the default: a text encoder this small (a few MB) stays
-    loaded, resident = _two_prompts(kept, frames)
-    assert loaded == [True, True]
+    loaded, _, resident = _prompts_then_frames(kept, frames)
+    assert loaded == [True, True, True]
     kept.close()
     with sam3track.load(tiny_bundle, compile_cache=False, release_text_encoder=True) as uncached:
-        assert _two_prompts(uncached, frames)[0] == [True, True]  # nothing to open it again from: kept
+        assert _prompts_then_frames(uncached, frames)[0] == [True, True, True]  # nothing to reopen it from: kept
     assert any(len(ids) for ids, _, _ in released)
     for a, b in zip(released, resident, strict=True):
         for x, y in zip(a, b):
             np.testing.assert_array_equal(x, y)
+
+
+def test_a_released_text_encoder_whose_entry_went_is_made_again_and_fp16_weights_release_too(tiny_bundle, frames,
+                                                                                              tmp_path):
+    import shutil
+
+    cache = tmp_path / "cache"
+    predictor, _ = _load(tiny_bundle, cache, release_text_encoder=True, weights="fp16")
+    _, did, _ = _prompts_then_frames(predictor, frames)
+    assert did == {"hit": 1}
+    entry = predictor.graphs["text_encoder"].saved[1]
+    shutil.rmtree(entry)  # pruned by another process while freed
+    loaded, did, _ = _prompts_then_frames(predictor, frames)
+    assert loaded == [True, True, False] and "written" in did and (entry / "model.onnx").is_file()
+    predictor.close()
 
 
 def test_concurrent_loads_into_one_empty_cache(tiny_bundle, tmp_path):

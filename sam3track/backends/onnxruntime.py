@@ -64,6 +64,7 @@ class OrtGraph(Graph):
         self.session = session
         self.opener = opener
         self.saved = saved
+        self.users = 0  # runs of a released graph in flight (under lock): it is freed only at none
         self.lock = threading.Lock()  # one thread makes a deferred session; the others wait for it
         if session is not None:
             io = {"inputs": [[t.name, t.shape] for t in session.get_inputs()],
@@ -136,8 +137,11 @@ class OnnxRuntimeBackend(Backend):
         if provider == "CPUExecutionProvider":
             # Each session's arena hands back what a run took beyond its first chunk: arenas otherwise
             # keep every graph's largest scratch, and the tensors kept between frames scatter the
-            # rest (full size, 1 object: peak 5.2 -> 4.2 GB, no slower; docs/speed.md).
+            # rest (full size, 1 object: peak 5.2 -> 4.2 GB, no slower; docs/speed.md). Every session
+            # must keep its CPU arena (enable_cpu_mem_arena): a run that asks to shrink none fails.
             self._run_options.add_run_config_entry("memory.enable_memory_arena_shrinkage", "cpu:0")
+        self._waiting: list[OrtGraph] = []  # released graphs that ran: freed when another graph runs
+        self._waiting_lock = threading.Lock()
         self._graphs: list[OrtGraph] = []
         self._copy_sessions: dict[tuple, object] = {}
         self._storages: weakref.WeakSet[_Storage] = weakref.WeakSet()  # every allocation not yet collected
@@ -167,7 +171,7 @@ class OnnxRuntimeBackend(Backend):
         if hit is None:
             graph = OrtGraph(name, make(name, path, entry), gears, saved=saved)
             if saved is not None:  # saved now: freed until its first run, as after a warm load
-                self._release(graph)
+                self._free(graph)
         elif name in cache.deferred or saved is not None:  # checked now, its session made at the first run
             graph = OrtGraph(name, None, gears, hit[1], opener=lambda: self._open_saved(name, path, entry, hit[0]),
                              saved=saved)
@@ -293,9 +297,10 @@ class OnnxRuntimeBackend(Backend):
         return session
 
     def _session_of(self, graph: OrtGraph):
-        """The graph's session, made now when the load deferred it."""
+        """The graph's session, made now when the load deferred it (or a release freed it); a released
+        graph counts the run as a user until _done_with."""
         session = graph.session
-        if session is None:
+        if session is None or graph.saved is not None:
             with graph.lock:
                 self._check_open()
                 if graph.session is None:
@@ -304,6 +309,7 @@ class OnnxRuntimeBackend(Backend):
                                            "onnxruntime backend; please report this")
                     graph.session, graph.opener = graph.opener(), None
                 session = graph.session
+                graph.users += graph.saved is not None
         return session
 
     # ---------------------------------------------------------------------------------- tensors
@@ -440,8 +446,23 @@ class OnnxRuntimeBackend(Backend):
         self._check_open()
         outputs = outputs or {}
         self.calls[graph.name] += 1
+        if self._waiting:
+            self._free_waiting(graph)
         session = self._session_of(graph)
-        io = session.io_binding()  # a fresh binding per run: nothing aliases a previous result
+        try:
+            io = self._bound(graph, session, inputs, outputs)
+            started = time.perf_counter()
+            session.run_with_iobinding(io, self._run_options)
+            self.seconds[graph.name] += time.perf_counter() - started
+        finally:
+            if graph.saved is not None:
+                self._done_with(graph)
+        return {name: outputs[name] if name in outputs else self._wrap(ov)
+                for name, ov in zip(graph.output_names, io.get_outputs())}
+
+    def _bound(self, graph: OrtGraph, session, inputs, outputs):
+        """A fresh IOBinding of one run's inputs and outputs: nothing aliases a previous result."""
+        io = session.io_binding()
         for name in graph.input_names:
             if name not in inputs:
                 raise Sam3TrackError(f"graph {graph.name} needs input {name!r}")
@@ -454,33 +475,63 @@ class OnnxRuntimeBackend(Backend):
                 self._bind(io, name, outputs[name], output=True)
             else:
                 io.bind_output(name, self.device_type, self.device_id)
-        started = time.perf_counter()
-        session.run_with_iobinding(io, self._run_options)
-        self.seconds[graph.name] += time.perf_counter() - started
-        result = {}
-        for name, ov in zip(graph.output_names, io.get_outputs()):
-            result[name] = outputs[name] if name in outputs else self._wrap(ov)
-        if graph.saved is not None:
-            del session, io  # the outputs keep only the memory they use
-            self._release(graph)
-        return result
+        return io
 
-    def _release(self, graph: OrtGraph) -> None:
-        """Free a released graph's session, its weights and its arena, until its next run opens it again
-        from the compile cache entry; kept while that entry is missing (pruned by another process)."""
-        path, entry = graph.saved
-        if not (entry / "model.onnx").is_file():
-            return
+    # ---------------------------------------------------------------------------- released graphs
+    # A released graph (compile_cache.released: a large text encoder) is freed once another graph runs,
+    # so a burst of prompts opens it once and no frame's peak holds it. Its outputs keep its session's
+    # arena alive until they go: its callers copy them into their own buffers and free them.
+    def _done_with(self, graph: OrtGraph) -> None:
         with graph.lock:
-            graph.session = None
-            graph.opener = lambda: self._open_saved(graph.name, path, entry, str(entry / "model.onnx"))
-        _return_freed_heap()
+            graph.users -= 1
+        with self._waiting_lock:
+            if graph not in self._waiting:
+                self._waiting.append(graph)
+
+    def _free_waiting(self, running: OrtGraph) -> None:
+        """Free every released graph that ran since, except `running` and those still in use."""
+        with self._waiting_lock:
+            waiting = [g for g in self._waiting if g is not running]
+        freed = [g for g in waiting if self._free(g)]
+        if freed:
+            with self._waiting_lock:
+                self._waiting = [g for g in self._waiting if g not in freed]
+            _return_freed_heap()
+
+    def _free(self, graph: OrtGraph) -> bool:
+        """Drop a released graph's session (its weights, its arena) until its next run opens it from the
+        cache entry; kept while that entry is missing. False while a run still uses it."""
+        path, entry = graph.saved
+        with graph.lock:
+            if graph.users:
+                return False
+            if graph.session is not None and (entry / "model.onnx").is_file():
+                graph.session = None
+                graph.opener = lambda: self._reopen(graph.name, path, entry)
+        return True
+
+    def _reopen(self, name: str, path: str, entry: Path):
+        """A released graph's session from its cache entry again. An entry gone or changed (pruned by
+        another process) is made again from the bundle; a whole one that will not open (out of memory,
+        out of file handles) is an error, and stays."""
+        hit = self._cache.ort_lookup(entry)
+        if hit is None:
+            return (self._optimise if self._weights == "fp32" else self._store_fp16)(name, path, entry)
+        try:
+            session = self._ort.InferenceSession(hit[0], sess_options=self._session_options(False),
+                                                 providers=self._providers)
+        except Exception as exc:
+            raise BackendError(f"onnxruntime could not open graph {name} again from the compile cache {entry} "
+                               f"({str(exc).splitlines()[0] if str(exc) else type(exc).__name__}); free memory, or "
+                               "load with release_text_encoder=False to keep it open") from exc
+        return self._checked(name, session)
 
     def close(self) -> None:
         for graph in self._graphs:
             with graph.lock:  # never while another thread makes a deferred session
                 graph.session = graph.opener = None  # the InferenceSession goes with its last reference
         self._graphs.clear()
+        self._waiting = []
         self._copy_sessions.clear()
         for storage in list(self._storages):
             storage.ortvalue = None
