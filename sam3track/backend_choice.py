@@ -6,7 +6,9 @@ the candidates (OpenVINO bf16 where the CPU lists BF16, OpenVINO fp32) are measu
 Runtime fp32, the path the parity tests hold to the reference: the same short synthetic clip, a text
 prompt and clicks that force three objects, tracked through both. A candidate passes the fidelity gate
 when the ids are equal on every frame and mask IoU has mean >= 0.99 and min >= 0.95 (the parity
-tolerances); the fastest passing path wins if it is faster per frame than ONNX Runtime at all.
+tolerances); the fastest passing path wins if it is faster per frame than ONNX Runtime at all, and
+holds no more than half the machine's memory while tracking (a full-size OpenVINO bf16 path does not
+on a 16 GB laptop).
 The verdict is kept in the user cache per machine (CPU model and flags), thread count, bundle (its
 graphs' sha256s) and package and runtime versions, so the gate runs once. docs/speed.md, "backend=auto".
 """
@@ -129,27 +131,33 @@ def cpu_candidates() -> list[Candidate]:
 
 # --------------------------------------------------------------------------------- the gate
 def run_gate(bundle, candidates: list[Candidate], open_predictor) -> Choice:
-    """Track the gate clip through ONNX Runtime fp32 and each candidate; the fastest that passes."""
+    """Track the gate clip through ONNX Runtime fp32 and each candidate; the fastest that passes and
+    whose resident memory while tracking stays within half this machine's memory (memory_limit_mb)."""
     print(f"sam3track: backend=auto: measuring which path runs {bundle.root} fastest within the parity "
           f"tolerances on this machine (once; {len(candidates) + 1} short runs of {GATE_FRAMES} frames; "
           f"backend='onnxruntime' or ${ENV_BACKEND}=onnxruntime skips it) ...",
           file=sys.stderr, flush=True)
     frames, clicks = gate_clip(bundle.manifest)
-    base, base_ms = track_gate_clip(open_predictor(BASELINE), frames, clicks)
+    limit = memory_limit_mb()
+    before = resident_mb()
+    base, base_ms, base_mb = track_gate_clip(open_predictor(BASELINE), frames, clicks)
     measured = [{"path": BASELINE.label, "ms_per_frame": base_ms, "same_ids": True, "iou_mean": 1.0, "iou_min": 1.0,
-                 "object_frames": sum(len(ids) for ids, _ in base)}]
+                 "object_frames": sum(len(ids) for ids, _ in base), "memory_mb": _grown(before, base_mb)}]
     best, best_ms = BASELINE, base_ms
     for candidate in candidates:
+        before = resident_mb()
         try:
-            tracked, ms = track_gate_clip(open_predictor(candidate), frames, clicks)
+            tracked, ms, rss = track_gate_clip(open_predictor(candidate), frames, clicks)
         except Exception as exc:  # a path that cannot run this bundle is not a candidate
             measured.append({"path": candidate.label, "error": f"{type(exc).__name__}: {exc}"})
             continue
         same_ids, iou_mean, iou_min = compare(base, tracked)
+        memory = _grown(before, rss)
+        fits = limit is None or memory is None or memory <= limit
         passed = same_ids and iou_mean >= IOU_MEAN and iou_min >= IOU_MIN
-        measured.append({"path": candidate.label, "ms_per_frame": ms, "same_ids": same_ids,
-                         "iou_mean": iou_mean, "iou_min": iou_min, "passed": passed})
-        if passed and ms < best_ms * (MIN_GAIN if best is BASELINE else 1.0):
+        measured.append({"path": candidate.label, "ms_per_frame": ms, "same_ids": same_ids, "iou_mean": iou_mean,
+                         "iou_min": iou_min, "passed": passed, "memory_mb": memory, "fits": fits})
+        if passed and fits and ms < best_ms * (MIN_GAIN if best is BASELINE else 1.0):
             best, best_ms = candidate, ms
     choice = Choice(best.backend, dict(best.options), _reason(best, measured), measured)
     log.info("backend=auto chose %s: %s", best.label, choice.reason)
@@ -162,11 +170,13 @@ def _reason(best: Candidate, measured: list) -> str:
     for m in measured[1:]:
         if "error" in m:
             parts.append(f"{m['path']} failed to run ({m['error']})")
-        else:
-            verdict = "within" if m["passed"] else "outside"
-            parts.append(f"{m['path']} {m['ms_per_frame'] / base:.2f}x the time, {verdict} the parity tolerances "
-                         f"(ids {'equal' if m['same_ids'] else 'differ'}, IoU mean {m['iou_mean']:.4f} min "
-                         f"{m['iou_min']:.4f})")
+            continue
+        verdict = "within" if m["passed"] else "outside"
+        memory = "" if m.get("fits", True) else (f"; needs {m['memory_mb']:,.0f} MB, over half this machine's "
+                                                 f"memory ({memory_limit_mb():,.0f} MB)")
+        parts.append(f"{m['path']} {m['ms_per_frame'] / base:.2f}x the time, {verdict} the parity tolerances "
+                     f"(ids {'equal' if m['same_ids'] else 'differ'}, IoU mean {m['iou_mean']:.4f} min "
+                     f"{m['iou_min']:.4f}){memory}")
     head = "ONNX Runtime fp32 (the reference's numerics)" if best == BASELINE else f"{best.label}: fastest within tolerance"
     return f"{head}; measured against ONNX Runtime fp32: " + "; ".join(parts)
 
@@ -190,8 +200,9 @@ def gate_clip(manifest: dict) -> tuple[np.ndarray, list[list[int]]]:
 
 
 def track_gate_clip(predictor, frames: np.ndarray, clicks: list[list[int]]):
-    """Per frame (ids, masks), and the ms per frame of the propagation pass (results come out held
-    back by the hotstart delay, so the pass is timed whole); closes the predictor."""
+    """Per frame (ids, masks), the ms per frame of the propagation pass (results come out held back by
+    the hotstart delay, so the pass is timed whole) and the process's resident MB once tracked (None
+    where unknown); closes the predictor."""
     with predictor, predictor.start_session(frames) as session:
         session.add_prompt(frame_index=0, text="object")
         for click in clicks:
@@ -200,7 +211,38 @@ def track_gate_clip(predictor, frames: np.ndarray, clicks: list[list[int]]):
         out = [(r.object_ids.tolist(), {int(i): m for i, m in zip(r.object_ids, r.masks)})
                for r in session.propagate()]
         seconds = time.perf_counter() - start
-    return out, 1000 * seconds / max(len(out), 1)
+        rss = resident_mb()
+    return out, 1000 * seconds / max(len(out), 1), rss
+
+
+def resident_mb() -> float | None:
+    """This process's resident memory (Linux VmRSS), MB; None elsewhere."""
+    try:
+        with open("/proc/self/status") as f:
+            return next(int(line.split()[1]) / 1024 for line in f if line.startswith("VmRSS:"))
+    except (OSError, StopIteration, ValueError, IndexError):
+        return None
+
+
+def memory_limit_mb() -> float | None:
+    """What a faster path may hold while tracking: half this machine's memory (MemTotal, or the cgroup's
+    limit when lower), so that a path picked on a large machine is not one a laptop cannot hold
+    (OpenVINO bf16 at full size: 9 GB against ONNX Runtime's 3 GB). None where unknown."""
+    try:
+        with open("/proc/meminfo") as f:
+            total = next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemTotal:"))
+    except (OSError, StopIteration, ValueError, IndexError):
+        return None
+    try:
+        limit = open("/sys/fs/cgroup/memory.max").read().strip()
+        total = min(total, int(limit)) if limit.isdigit() else total
+    except (OSError, ValueError):
+        pass
+    return total / 2 / 2 ** 20
+
+
+def _grown(before: float | None, after: float | None) -> float | None:
+    return None if before is None or after is None else round(max(0.0, after - before), 1)
 
 
 def compare(base, other) -> tuple[bool, float, float]:
@@ -226,7 +268,7 @@ def verdict_key(manifest: dict, threads: int | None, candidates: list[Candidate]
             versions[module] = None
     graphs = {name: g.get("sha256") for name, g in manifest["graphs"].items()}
     facts = {"schema": SCHEMA, "graphs": graphs, "cpu": cpu_identity(), "threads": threads,
-             "versions": versions, "candidates": [c.label for c in candidates]}
+             "versions": versions, "candidates": [c.label for c in candidates], "memory_limit_mb": memory_limit_mb()}
     return hashlib.sha256(json.dumps(facts, sort_keys=True, default=str).encode()).hexdigest()[:24]
 
 

@@ -180,8 +180,8 @@ def warn_over_budget(bundle: Bundle, config, weights: str | None) -> None:
     if held > available:
         knob = "" if weights == "fp16" else ", or load with backend='onnxruntime', weights='fp16' (about half)"
         warnings.warn(CapacityWarning(
-            f"the graphs of {bundle.root} hold {held / 2**30:.1f} GB and {available / 2**30:.1f} GB of memory is "
-            f"available: the load may be killed. Free memory{knob}"), stacklevel=4)
+            f"the graphs of {bundle.root} hold {_size(held)} and {_size(available)} of memory is available: the "
+            f"load may be killed. Free memory{knob}"), stacklevel=4)
     elif isinstance(config, TrackerConfig):
         pools = config.capacities()["memory_rows"] * config.feature_grid ** 2 * config.memory_dim * 4  # fp32 rows
         if held + pools > available:
@@ -189,6 +189,10 @@ def warn_over_budget(bundle: Bundle, config, weights: str | None) -> None:
                 f"the memory pools for pool_objects={config.pool_objects} objects take {pools / 2**20:,.0f} MiB once "
                 f"full; with the graphs' {held / 2**20:,.0f} MiB that is more than the {available / 2**20:,.0f} MiB "
                 "available: load with a smaller pool_objects (or max_num_objects), or free memory"), stacklevel=4)
+
+
+def _size(nbytes: int) -> str:
+    return f"{nbytes / 2**30:.1f} GB" if nbytes >= 2**30 else f"{nbytes / 2**20:,.0f} MB"
 
 
 def budget_gears(config: TrackerConfig) -> dict | None:

@@ -40,7 +40,7 @@ def test_the_gate_keeps_the_fastest_path_within_the_parity_tolerances(monkeypatc
     def track(predictor, frames, click):
         if runs[predictor] is None:
             raise RuntimeError("cannot compile")
-        return runs[predictor]
+        return (*runs[predictor], None)  # resident memory unknown: never a reason to refuse
 
     monkeypatch.setattr(bc, "track_gate_clip", track)
     bundle = type("B", (), {"root": "b", "manifest": {"preprocessing": {"image_size": 16}}})()
@@ -55,6 +55,35 @@ def test_the_gate_keeps_the_fastest_path_within_the_parity_tolerances(monkeypatc
 
     runs["openvino"] = (base, 95.0)
     assert bc.run_gate(bundle, candidates[2:], lambda c: c.label).backend == "onnxruntime"
+
+
+def test_a_faster_faithful_path_that_holds_over_half_the_memory_loses(monkeypatch):
+    """OpenVINO bf16 at full size holds about 9 GB where ONNX Runtime fp32 holds 3: on a machine whose half
+    is less, auto keeps ONNX Runtime and says why; the machine's memory is part of the verdict's key."""
+    box = np.zeros((8, 8), bool)
+    box[2:6, 2:6] = True
+    base = _frames([([1], [box])] * 3)
+    grows = {"onnxruntime": 3000.0, "openvino precision=bf16": 9000.0}  # MB each path adds while tracking
+    rss = {"now": 1000.0}
+
+    def track(predictor, frames, click):
+        rss["now"] += grows[predictor]
+        held, rss["now"] = rss["now"], 1000.0  # closed: back to where it was
+        return base, (100.0 if predictor == "onnxruntime" else 30.0), held
+
+    monkeypatch.setattr(bc, "track_gate_clip", track)
+    monkeypatch.setattr(bc, "resident_mb", lambda: rss["now"])
+    bundle = type("B", (), {"root": "b", "manifest": {"preprocessing": {"image_size": 16}}})()
+    bf16 = [bc.Candidate("openvino", {"precision": "bf16"})]
+    monkeypatch.setattr(bc, "memory_limit_mb", lambda: 8192.0)  # a 16 GB laptop
+    choice = bc.run_gate(bundle, bf16, lambda c: c.label)
+    assert choice.backend == "onnxruntime" and choice.measured[1]["memory_mb"] == 9000.0
+    assert "needs 9,000 MB, over half this machine's memory (8,192 MB)" in choice.reason
+    monkeypatch.setattr(bc, "memory_limit_mb", lambda: 12288.0)  # 24 GB: it fits, and wins
+    assert bc.run_gate(bundle, bf16, lambda c: c.label).options == {"precision": "bf16"}
+    on_24_gb = bc.verdict_key({"graphs": {}}, None, bf16)
+    monkeypatch.setattr(bc, "memory_limit_mb", lambda: 8192.0)
+    assert bc.verdict_key({"graphs": {}}, None, bf16) != on_24_gb
 
 
 def test_ids_that_differ_on_one_frame_fail_the_gate():

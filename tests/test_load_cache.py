@@ -348,11 +348,11 @@ def test_fp16_weights_track_within_the_parity_tolerances_and_come_from_the_cache
     cache = tmp_path / "cache"
     base, _ = _load(tiny_bundle, cache, backend="onnxruntime")
     clip, clicks = gate_clip(base.bundle.manifest)
-    fp32, _ = track_gate_clip(base, clip, clicks)
+    fp32, _, _ = track_gate_clip(base, clip, clicks)
     half, did = _load(tiny_bundle, cache, weights="fp16")  # "auto" with weights= means ONNX Runtime
     assert half.backend_choice.backend == "onnxruntime" and half.backend_choice.options == {"weights": "fp16"}
     assert did == {"hit": GRAPHS, "written": GRAPHS}  # the fp32 entries read, the fp16 ones written
-    fp16, _ = track_gate_clip(half, clip, clicks)
+    fp16, _, _ = track_gate_clip(half, clip, clicks)
     same_ids, iou_mean, iou_min = compare(fp32, fp16)
     assert same_ids and iou_mean >= 0.99 and iou_min >= 0.95, (iou_mean, iou_min)
     assert sum(len(ids) for ids, _ in fp16) >= len(clicks)  # objects were tracked
