@@ -1,11 +1,12 @@
 """Where a predictor's memory goes: resident memory after each phase of a short live stream, and
 optionally per graph call (the peak within the call and what it left behind).
 
-    python -m benchmarks.memory_phases BUNDLE [--frames 3] [--weights fp16] [--per-graph]
+    python -m benchmarks.memory_phases BUNDLE [--frames 3] [--weights fp16] [--per-graph] [--video]
+                                       [--set NAME=VALUE ...]
                                        [--release-text-encoder auto|yes|no] [--threads N]
 
-Loads BUNDLE on ONNX Runtime, adds one text prompt to a live stream and tracks `--frames` frames of
-bikes.mp4, printing one JSON object: VmRSS and the process peak VmHWM (MB) after the load, the prompt
+Loads BUNDLE on ONNX Runtime, adds one text prompt to a live stream (`--video`: a video session) and
+tracks `--frames` frames of bikes.mp4, printing one JSON object: VmRSS and the process peak VmHWM (MB) after the load, the prompt
 and each frame, seconds per frame and per graph. `--per-graph` resets the peak before each graph call
 (/proc/self/clear_refs) and records, per graph, the largest rise within one call over the RSS before
 it and the total RSS its calls left behind; the per-phase peaks then cover only the last call. One
@@ -63,6 +64,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--weights", choices=("fp32", "fp16"), default="fp32")
     ap.add_argument("--release-text-encoder", choices=("auto", "yes", "no"), default="auto")
     ap.add_argument("--per-graph", action="store_true")
+    ap.add_argument("--video", action="store_true", help="a video session over the frames (propagate), not a stream")
+    ap.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
+                    help="a config override (a JSON value), e.g. --set max_num_objects=1")
     ap.add_argument("--threads", type=int)
     ap.add_argument("--prompt", default="person")
     ap.add_argument("--clip", type=Path, default=REPO / "examples" / "clips" / "bikes.mp4")
@@ -76,20 +80,22 @@ def main(argv: list[str] | None = None) -> int:
     frames = clip_frames(args.clip, args.start_frame, args.frames)
     release = {"auto": None, "yes": True, "no": False}[args.release_text_encoder]
     started = time.perf_counter()
+    overrides = {name: json.loads(value) for name, _, value in (item.partition("=") for item in args.set)}
     predictor = sam3track.load(args.bundle, backend="onnxruntime", threads=args.threads, weights=args.weights,
-                               release_text_encoder=release)
+                               release_text_encoder=release, **overrides)
     out = {"load_s": round(time.perf_counter() - started, 2), "after_load": memory_mb()}
     per_graph = record_graph_calls(predictor.backend) if args.per_graph else None
-    with predictor, predictor.start_session(None) as session:
+    with predictor, predictor.start_session(frames if args.video else None) as session:
         session.add_prompt(text=args.prompt)
         out["after_prompt"] = memory_mb()
         seconds = []
-        for i, frame in enumerate(frames):
-            started = time.perf_counter()
-            result = session.track(frame)
+        results = session.propagate() if args.video else (session.track(frame) for frame in frames)
+        started = time.perf_counter()
+        for i, result in enumerate(results):
             seconds.append(round(time.perf_counter() - started, 2))
             out[f"frame{i}"] = memory_mb() | {"objects": len(result.object_ids),
                                                "text_encoder_open": predictor.graphs["text_encoder"].loaded}
+            started = time.perf_counter()
         out["seconds_per_frame"] = seconds
         out["graph_seconds"] = {k: round(v, 2) for k, v in predictor.backend.seconds.items()}
     out["after_close"] = memory_mb()

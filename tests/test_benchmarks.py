@@ -306,3 +306,6 @@ def test_memory_phases_tool_reports_each_phase_and_each_graph(tiny_bundle, capsy
     assert r["per_graph"]["backbone"]["calls"] == 2 and r["per_graph"]["text_encoder"]["calls"] == 1
     assert r["frame0"]["text_encoder_open"] is False  # released: freed once the frame's graphs ran
     assert all({"peak_rise_mb", "left_mb"} <= set(g) for g in r["per_graph"].values())
+    assert memory_main([str(tiny_bundle), "--frames", "2", "--video", "--set", "max_num_objects=1"]) == 0
+    r = json.loads(capsys.readouterr().out)  # a video session: a result per frame, at most the one object asked
+    assert len(r["seconds_per_frame"]) == 2 and r["frame1"]["objects"] <= 1
