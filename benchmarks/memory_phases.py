@@ -27,13 +27,9 @@ sys.path.insert(0, str(REPO))
 
 def memory_mb() -> dict[str, int]:
     """VmRSS and VmHWM of this process, MB."""
-    out = {}
-    with open("/proc/self/status") as f:
-        for line in f:
-            key, _, value = line.partition(":")
-            if key in ("VmRSS", "VmHWM"):
-                out[key] = int(value.split()[0]) // 1024
-    return out
+    from .full_size_child import proc_mb
+
+    return {field: int(proc_mb(field)) for field in ("VmRSS", "VmHWM")}
 
 
 def record_graph_calls(backend) -> dict:

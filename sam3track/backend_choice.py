@@ -228,17 +228,12 @@ def memory_limit_mb() -> float | None:
     """What a faster path may hold while tracking: half this machine's memory (MemTotal, or the cgroup's
     limit when lower), so that a path picked on a large machine is not one a laptop cannot hold
     (OpenVINO bf16 at full size: 9 GB against ONNX Runtime's 3 GB). None where unknown."""
-    try:
-        with open("/proc/meminfo") as f:
-            total = next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemTotal:"))
-    except (OSError, StopIteration, ValueError, IndexError):
+    from .call_sizes import cgroup_memory, meminfo_bytes
+
+    total, (limit, _) = meminfo_bytes("MemTotal"), cgroup_memory()
+    if total is None:
         return None
-    try:
-        limit = open("/sys/fs/cgroup/memory.max").read().strip()
-        total = min(total, int(limit)) if limit.isdigit() else total
-    except (OSError, ValueError):
-        pass
-    return total / 2 / 2 ** 20
+    return min(total, limit if limit is not None else total) / 2 / 2 ** 20
 
 
 def _grown(before: float | None, after: float | None) -> float | None:

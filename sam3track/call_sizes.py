@@ -60,19 +60,29 @@ def objects_per_call(config, budget_bytes: int) -> int:
 def available_memory() -> int | None:
     """Bytes of memory this process can still take (Linux MemAvailable, and no more than what its
     cgroup's memory.max leaves, in a container), or None where unknown."""
+    free = meminfo_bytes("MemAvailable")
+    limit, used = cgroup_memory()
+    return free if free is None or limit is None else min(free, max(0, limit - used))
+
+
+def meminfo_bytes(field: str) -> int | None:
+    """A field of /proc/meminfo (MemTotal, MemAvailable) in bytes; None where unknown."""
     try:
         with open("/proc/meminfo") as f:
-            free = next((int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:")), None)
+            return next((int(line.split()[1]) * 1024 for line in f if line.startswith(field + ":")), None)
     except (OSError, ValueError, IndexError):
         return None
+
+
+def cgroup_memory() -> tuple[int | None, int]:
+    """This process's cgroup v2 memory limit and use in bytes: (None, 0) without a limit (cgroup v1,
+    none, or "max")."""
     try:
         limit = open("/sys/fs/cgroup/memory.max").read().strip()
         used = int(open("/sys/fs/cgroup/memory.current").read().strip())
-        if free is not None and limit.isdigit():
-            free = min(free, max(0, int(limit) - used))
-    except (OSError, ValueError):  # cgroup v1, or none: MemAvailable alone
-        pass
-    return free
+        return (int(limit), used) if limit.isdigit() else (None, 0)
+    except (OSError, ValueError):
+        return None, 0
 
 
 def chunks(backend: Backend, graph: Graph, axis: str, n: int) -> list[Chunk]:
