@@ -2,10 +2,10 @@
 optionally per graph call (the peak within the call and what it left behind).
 
     python -m benchmarks.memory_phases BUNDLE [--frames 3] [--weights fp16] [--per-graph] [--video]
-                                       [--set NAME=VALUE ...]
+                                       [--backend openvino --precision bf16] [--set NAME=VALUE ...]
                                        [--release-text-encoder auto|yes|no] [--threads N]
 
-Loads BUNDLE on ONNX Runtime, adds one text prompt to a live stream (`--video`: a video session) and
+Loads BUNDLE on ONNX Runtime (or `--backend`), adds one text prompt to a live stream (`--video`: a video session) and
 tracks `--frames` frames of bikes.mp4, printing one JSON object: VmRSS and the process peak VmHWM (MB) after the load, the prompt
 and each frame, seconds per frame and per graph. `--per-graph` resets the peak before each graph call
 (/proc/self/clear_refs) and records, per graph, the largest rise within one call over the RSS before
@@ -58,6 +58,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("bundle", type=Path)
     ap.add_argument("--frames", type=int, default=3)
     ap.add_argument("--weights", choices=("fp32", "fp16"), default="fp32")
+    ap.add_argument("--backend", choices=("onnxruntime", "openvino"), default="onnxruntime")
+    ap.add_argument("--precision", choices=("fp32", "bf16"), help="OpenVINO's inference precision")
     ap.add_argument("--release-text-encoder", choices=("auto", "yes", "no"), default="auto")
     ap.add_argument("--per-graph", action="store_true")
     ap.add_argument("--video", action="store_true", help="a video session over the frames (propagate), not a stream")
@@ -77,8 +79,10 @@ def main(argv: list[str] | None = None) -> int:
     release = {"auto": None, "yes": True, "no": False}[args.release_text_encoder]
     started = time.perf_counter()
     overrides = {name: json.loads(value) for name, _, value in (item.partition("=") for item in args.set)}
-    predictor = sam3track.load(args.bundle, backend="onnxruntime", threads=args.threads, weights=args.weights,
-                               release_text_encoder=release, **overrides)
+    options = {"precision": args.precision} if args.precision else {}
+    predictor = sam3track.load(args.bundle, backend=args.backend, threads=args.threads,
+                               weights=None if args.weights == "fp32" else args.weights,
+                               release_text_encoder=release, **options, **overrides)
     out = {"load_s": round(time.perf_counter() - started, 2), "after_load": memory_mb()}
     per_graph = record_graph_calls(predictor.backend) if args.per_graph else None
     with predictor, predictor.start_session(frames if args.video else None) as session:
