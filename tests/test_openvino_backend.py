@@ -358,6 +358,40 @@ def test_load_passes_precision_and_threads(tiny_bundle):
         sam3track.load(tiny_bundle, backend="openvino", threads=-2)
 
 
+def test_bf16_loads_store_weights_in_fp16_and_keep_what_fp16_cannot_hold(tmp_path, monkeypatch):
+    """What precision="bf16" compiles: each weight as fp16 plus a Convert (half the memory; the CPU plugin
+    rounds weights to bf16 anyway), a constant outside fp16's range kept fp32. Checked on any CPU by
+    compiling the stored model at fp32: y is exactly x @ fp16(w), z keeps 1e6."""
+    from onnx import numpy_helper
+
+    w, big = _rand(64, 64), np.full(4, 1e6, np.float32)
+    path = _save(tmp_path / "weights.onnx", [helper.make_node("MatMul", ["x", "w"], ["y"]),
+                                             helper.make_node("Mul", ["x4", "big"], ["z"])],
+                 [helper.make_tensor_value_info("x", F32, ["n", 64]), helper.make_tensor_value_info("x4", F32, [4])],
+                 [helper.make_tensor_value_info("y", F32, ["n", 64]), helper.make_tensor_value_info("z", F32, [4])],
+                 [numpy_helper.from_array(w, "w"), numpy_helper.from_array(big, "big")])
+    core = ov_backend.shared_core()
+    model = core.read_model(path)
+    assert ov_backend.store_weights_in_fp16(model)
+    constants = {tuple(op.get_shape()): op.get_element_type() for op in model.get_ordered_ops()
+                 if op.get_type_name() == "Constant"}
+    assert constants == {(64, 64): ov.Type.f16, (4,): ov.Type.f32}
+    x = _rand(3, 64, seed=1)
+    out = core.compile_model(model, "CPU", {"INFERENCE_PRECISION_HINT": "f32"})({"x": x, "x4": np.ones(4, np.float32)})
+    np.testing.assert_allclose(out["y"], x @ w.astype(np.float16).astype(np.float32), rtol=1e-5, atol=1e-5)
+    assert not np.allclose(out["y"], x @ w, rtol=1e-6, atol=1e-6)  # the rounding happened
+    np.testing.assert_array_equal(out["z"], big)
+    stored = []  # which loads go through it: bf16 only (fp32 keeps the bundle's weights exactly)
+    monkeypatch.setattr(ov_backend, "store_weights_in_fp16", lambda m: stored.append(m.get_friendly_name()) or True)
+    for precision in ("fp32", "bf16") if HAS_BF16 else ("fp32",):
+        loaded = create_backend("openvino", "cpu", precision=precision)
+        try:
+            loaded.load(precision, path)
+        finally:
+            loaded.close()
+    assert len(stored) == (1 if HAS_BF16 else 0)
+
+
 @pytest.mark.skipif(not HAS_BF16, reason="this CPU has no BF16 in OpenVINO's OPTIMIZATION_CAPABILITIES")
 def test_bf16_runs_the_clip(tiny_bundle, bikes_frames):
     """bf16 guarantees that it runs, not the same objects: measured against ONNX Runtime fp32 and printed
