@@ -189,6 +189,8 @@ class Reference:
     CATEGORIES = ("backbone", "text_encoder", "detector_heads", "tracker", "memory_encoder", "postprocess")
 
     def __init__(self, source, threads: int | None = None):
+        """self.bf16: run under torch.autocast("cpu", dtype=torch.bfloat16), the reference's own fast
+        path on a bf16 CPU (set per run by the benchmark; see bf16_cpu)."""
         import torch
         from transformers import Sam3VideoModel
         from transformers.models.sam3_video import modeling_sam3_video as tm
@@ -208,6 +210,13 @@ class Reference:
         if "masks_to_boxes" not in vars(processing_sam3_video):  # imported from torchvision, absent here
             processing_sam3_video.masks_to_boxes = _masks_to_boxes
         self.defaults = {}
+        self.bf16 = False
+
+    def precision(self):
+        """The autocast context of a run: bf16 where self.bf16, else none (fp32)."""
+        if not self.bf16:
+            return contextlib.nullcontext()
+        return self.torch.autocast("cpu", dtype=self.torch.bfloat16)
 
     def configure(self, overrides: dict) -> None:
         """Set the heuristics' attributes (they are read from the model, as the parity tests set them);
@@ -255,7 +264,7 @@ class Reference:
         timer = ExclusiveTimer()
         records = []
         merged = (self.model, "_merge_detections_from_prompts", lambda out: int(len(out[0]["scores"])))
-        with patched(timer, self._targets()), counting(*merged) as detections:
+        with patched(timer, self._targets()), counting(*merged) as detections, self.precision():
             session = self.new_session(pixels[:n], height, width, prompts, tokenizer)
             stream = self.model.propagate_in_video_iterator(session, start_frame_idx=0, max_frame_num_to_track=n - 1)
             for _ in range(n):
@@ -280,15 +289,27 @@ class Reference:
         torch = self.torch
         det = self.model.detector_model
         scores = []
-        with torch.inference_mode():
+        with torch.inference_mode(), self.precision():
             vision = det.get_vision_features(pixel_values=pixel_frame[None])
             for text in prompts:
                 ids, mask = (torch.from_numpy(a) for a in tokenizer(text))
                 text_embeds = det.get_text_features(input_ids=ids, attention_mask=mask, return_dict=True)
                 out = det(vision_embeds=vision, text_embeds=text_embeds, attention_mask=mask)
-                probs = out.pred_logits.sigmoid() * out.presence_logits.sigmoid()
+                probs = out.pred_logits.float().sigmoid() * out.presence_logits.float().sigmoid()
                 scores += probs[0].reshape(-1).tolist()
         return sorted(scores, reverse=True)
+
+
+def bf16_cpu() -> str | None:
+    """None where this CPU computes bf16 natively (AVX512-BF16 or AMX, as torch's oneDNN needs for the
+    autocast reference to be a fast path), else why not."""
+    try:
+        flags = next(line for line in open("/proc/cpuinfo") if line.startswith("flags")).split()
+    except (OSError, StopIteration):
+        return "no /proc/cpuinfo to read the CPU's flags from"
+    if "avx512_bf16" in flags or "amx_bf16" in flags:
+        return None
+    return "this CPU lists neither AVX512-BF16 nor AMX: autocast bf16 would be emulated, not the reference's fast path"
 
 
 def _masks_to_boxes(masks):

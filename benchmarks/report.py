@@ -62,6 +62,7 @@ def markdown(r: dict) -> str:
     lines += _time_per_frame(r, objects)
     lines += _where_time_goes(r, objects)
     lines += _variants(r, objects)
+    lines += _best_against_best(r, objects)
     lines += _fidelity(r)
     lines += _rss(r)
     return "\n".join(lines) + "\n"
@@ -182,6 +183,33 @@ def _variants(r: dict, objects: list[str]) -> list[str]:
     return lines
 
 
+def _best_against_best(r: dict, objects: list[str]) -> list[str]:
+    """Every side of ours against the reference under autocast bf16 (--reference-bf16), if it ran."""
+    asked = r.get("reference_bf16")
+    if not asked:
+        return []
+    lines = ["## Against the reference in bf16 (best against best)", ""]
+    if not asked["available"]:
+        return lines + [f"Not measured: {asked['reason']}.", ""]
+    ref16, ref = r["summary"].get("reference-bf16", {}), r["summary"].get("reference", {})
+    lines += ["The reference also ran under `torch.autocast(\"cpu\", dtype=torch.bfloat16)`, interleaved with the "
+              "other sides, with its own thresholds from its own first-frame scores (as our bf16 and int8 variants). "
+              "Ratios: ms per frame of each side over the bf16 reference's.", "",
+              "| side | " + " | ".join(f"{n} obj ms/frame (ratio to ref bf16)" for n in objects) + " |",
+              "|---|" + "---|" * len(objects)]
+    for n in objects:
+        if n in ref16 and n in ref and not ref16[n]["counts_ok"]:
+            lines.insert(2, f"The bf16 reference tracked {_counts(ref16[n])} at {n} objects (asked {n}).")
+    cells = [f"{_span(ref16[n]['ms'])} ({ref16[n]['ms']['median'] / ref[n]['ms']['median']:.2f} of fp32)"
+             if n in ref16 and n in ref else "-" for n in objects]
+    lines.append("| reference-bf16 | " + " | ".join(cells) + " |")
+    for side, ratios in r.get("bf16_ratios", {}).items():
+        per_n = r["summary"].get(side, {})
+        cells = [f"{_span(per_n[n]['ms'])} ({ratios[n]:.2f})" if n in ratios else "-" for n in objects]
+        lines.append(f"| {side} | " + " | ".join(cells) + " |")
+    return lines + [""]
+
+
 def _warmup(r: dict, objects: list[str]) -> list[str]:
     warm = r.get("warmup") or {}
     if not warm:
@@ -267,7 +295,9 @@ def plots(r: dict, out: Path) -> None:
 
     objects = [str(n) for n in r["settings"]["objects"]]
     fig, ax = plt.subplots(figsize=(6.4, 4.4))
-    styles = {"reference": ("transformers reference", "#333333", "s"), "ort-fp32": ("sam3track ort-fp32", "#c44e52", "o"),
+    styles = {"reference": ("transformers reference", "#333333", "s"),
+              "reference-bf16": ("transformers reference, autocast bf16", "#999999", "s"),
+              "auto": ("sam3track at the defaults (auto)", "#000000", "*"), "ort-fp32": ("sam3track ort-fp32", "#c44e52", "o"),
               "openvino-fp32": ("sam3track openvino-fp32", "#4c72b0", "^"),
               "openvino-bf16": ("sam3track openvino-bf16", "#55a868", "v"), "ort-int8": ("sam3track ort-int8", "#dd8452", "D"),
               "openvino-fp32-static": ("sam3track openvino-fp32-static", "#8172b3", "<"),
@@ -299,7 +329,7 @@ def plots(r: dict, out: Path) -> None:
 
     fig, axes = plt.subplots(1, len(objects), figsize=(3.0 * len(objects) + 1.5, 4.4), squeeze=False)
     seen = {}
-    others = [v for v in r["summary"] if v not in ("ort-fp32", "reference")]
+    others = [v for v in r["summary"] if v not in ("ort-fp32", "reference", "reference-bf16")]
     fastest = min(others, key=lambda v: sum(e["ms"]["median"] for e in r["summary"][v].values()), default=None)
     sides = ["ort-fp32", "reference"] + ([fastest] if fastest else [])
     for ax, n in zip(axes[0], objects):

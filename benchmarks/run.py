@@ -3,7 +3,7 @@ time goes, fast variants and their fidelity, and RSS over a long live stream.
 
     python -m benchmarks.run [--preset tiny|mid|full] [--objects 1,4,16,64] [--frames N] [--reps R]
                              [--out DIR] [--variants ort-fp32,openvino-fp32,openvino-bf16,ort-int8]
-                             [--rss-frames 1000] [--publish]
+                             [--reference-bf16] [--rss-frames 1000] [--publish]
 
 Writes results.json, results.md, ms_per_frame.png and breakdown.png to --out. Presets, the bundle cache,
 --low-memory, --threads and the measurements behind them: docs/benchmarks/README.md; the latest numbers:
@@ -27,7 +27,8 @@ from pathlib import Path
 import numpy as np
 
 from .bundles import PRESETS, BundleInfo, exporter_hash, get_bundle, int8_supported
-from .measure import SCORING_OVERRIDES, Reference, count_overrides, ours_detection_scores, run_ours, summarize
+from .measure import (SCORING_OVERRIDES, Reference, bf16_cpu, count_overrides, ours_detection_scores, run_ours,
+                      summarize)
 
 REPO = Path(__file__).resolve().parents[1]
 CLIPS = REPO / "examples" / "clips"
@@ -64,6 +65,9 @@ COUNTS_NOTE = ("are set identically on both sides (`sam3track.load(bundle, **ove
                "a little differently, so each of them gets its thresholds by the same rule from its own first-frame "
                "scores (ort-fp32 shares the reference's). The table lists every per-frame tracked count seen in every "
                "repetition of each side.")
+
+
+REFERENCE_SIDES = ("reference", "reference-bf16")  # the same transformers model in fp32 and under autocast bf16
 
 
 class Unavailable(Exception):
@@ -212,22 +216,59 @@ def time_counts(args, preset, bundles, results, save, log) -> None:
     scores = ref.detection_scores(pixels[0], args.prompts, tokenizer)
     results["first_frame_scores"] = [round(s, 6) for s in scores]
     own_scores = _variant_scores(args, bundles, frames, results)
+    bf16_scores = _reference_bf16_scores(args, ref, pixels[0], tokenizer, results)
     for n in args.objects:
         key = str(n)
         overrides, note = count_overrides(scores, n)
         results["count_notes"][key] = note
         results["overrides"][key] = {"both": overrides, "ours_only": {**OURS_FIXED, "pool_objects": max(64, n)}}
         log(f"[{n} objects] thresholds {overrides['score_threshold_detection']:.6f} (load {_load()})")
-        ref.configure(overrides)
+        ref_overrides = {"reference": overrides}
+        if bf16_scores is not None:  # its own thresholds, from its own scores, as a fast variant of ours
+            ref_overrides["reference-bf16"], bf16_note = count_overrides(bf16_scores, n)
+            results["overrides"][key]["reference-bf16"] = ref_overrides["reference-bf16"]
+            results.setdefault("variant_count_notes", {}).setdefault(key, {})["reference-bf16"] = bf16_note
         variant_overrides = _variant_overrides(args, n, overrides, own_scores, results)
-        raw = _time_count(args, bundles, frames, key, variant_overrides, ref, (pixels, h, w, tokenizer), results, log)
+        raw = _time_count(args, bundles, frames, key, variant_overrides, (ref, ref_overrides),
+                          (pixels, h, w, tokenizer), results, log)
         for side, reps in raw.items():
-            results["summary"].setdefault(side, {})[key] = side_summary(reps, n, ours=side != "reference")
+            results["summary"].setdefault(side, {})[key] = side_summary(reps, n, ours=side not in REFERENCE_SIDES)
             results["runs"].setdefault(side, {})[key] = [_records(r) for r in reps]
         results["load_after"][key] = _load()
         finish(results)
         save()
     del ref
+
+
+def _reference_bf16_scores(args, ref, pixel_frame, tokenizer, results) -> list[float] | None:
+    """The first-frame detection scores of the reference under autocast bf16 (--reference-bf16), or None
+    where not asked or this CPU has no native bf16 (then the side is recorded as unavailable, and why)."""
+    if not args.reference_bf16:
+        return None
+    why_not = bf16_cpu()
+    results["reference_bf16"] = {"available": why_not is None, "reason": why_not}
+    if why_not is not None:
+        return None
+    ref.bf16 = True
+    try:
+        scores = ref.detection_scores(pixel_frame, args.prompts, tokenizer)
+    finally:
+        ref.bf16 = False
+    results["reference_bf16_first_frame_scores"] = [round(s, 6) for s in scores[:80]]
+    return scores
+
+
+def run_reference(args, refs, side: str, inputs, n_frames: int | None = None):
+    """One run of a reference side: "reference" (fp32) or "reference-bf16" (the same model under
+    torch.autocast bf16), each with its own count settings. refs: (Reference, {side: overrides})."""
+    ref, overrides = refs
+    pixels, h, w, tokenizer = inputs
+    ref.configure(overrides[side])
+    ref.bf16 = side == "reference-bf16"
+    try:
+        return ref.run(pixels, h, w, args.prompts, tokenizer, n_frames=n_frames)
+    finally:
+        ref.bf16 = False
 
 
 def _variant_scores(args, bundles, frames, results) -> dict:
@@ -270,11 +311,10 @@ def _variant_overrides(args, n: int, overrides: dict, own_scores: dict, results:
     return variant_overrides
 
 
-def _time_count(args, bundles, frames, key, variant_overrides, ref, inputs, results, log) -> dict:
-    """One object count: our variants loaded, warmed up and timed interleaved with the reference; the
-    records of every repetition, by side."""
+def _time_count(args, bundles, frames, key, variant_overrides, refs, inputs, results, log) -> dict:
+    """One object count: our variants loaded, warmed up and timed interleaved with the reference sides
+    (refs: see run_reference); the records of every repetition, by side."""
     variants = results["variants"]
-    pixels, h, w, tokenizer = inputs
     predictors = {}  # loaded once per count; with --low-memory, loaded for each run and closed after it
 
     def ours(name, n_frames=None):
@@ -298,13 +338,14 @@ def _time_count(args, bundles, frames, key, variant_overrides, ref, inputs, resu
             variants[name].update(available=False, reason=str(exc))
             log(f"  {name}: unavailable: {exc}")
     raw = {name: [] for name in predictors}
-    raw["reference"] = []
     _warm_up(args, ours, predictors, raw, key, results, log)
-    warm = ref.run(pixels, h, w, args.prompts, tokenizer, n_frames=args.warmup_frames)
-    results["warmup"].setdefault("reference", {})[key] = [r.ms for r in warm]
-    order = ["ort-fp32", "reference"] + [v for v in predictors if v != "ort-fp32"]
-    order = [s for s in order if s == "reference" or s in predictors]
-    _interleaved_reps(args, order, ours, ref, inputs, raw, variants, log)
+    for side in refs[1]:
+        raw[side] = []
+        warm = run_reference(args, refs, side, inputs, n_frames=args.warmup_frames)
+        results["warmup"].setdefault(side, {})[key] = [r.ms for r in warm]
+    order = ["ort-fp32", *refs[1]] + [v for v in predictors if v != "ort-fp32"]
+    order = [s for s in order if s in refs[1] or s in predictors]
+    _interleaved_reps(args, order, ours, refs, inputs, raw, variants, log)
     for predictor in predictors.values():
         if predictor is not None:
             predictor.close()
@@ -328,13 +369,12 @@ def _warm_up(args, ours, predictors, raw, key, results, log) -> None:
             raw.pop(name)
 
 
-def _interleaved_reps(args, order, ours, ref, inputs, raw, variants, log) -> None:
+def _interleaved_reps(args, order, ours, refs, inputs, raw, variants, log) -> None:
     """args.reps repetitions of every side in order, interleaved; a variant that fails is dropped."""
-    pixels, h, w, tokenizer = inputs
     for rep in range(args.reps):
         for side in order:
-            if side == "reference":
-                records = ref.run(pixels, h, w, args.prompts, tokenizer)
+            if side in REFERENCE_SIDES:
+                records = run_reference(args, refs, side, inputs)
             else:
                 try:
                     records = ours(side)
@@ -449,8 +489,9 @@ def rss_stage(args, bundles, results, save, log) -> None:
 def finish(results: dict) -> None:
     """Ratios and slopes from whatever has been measured so far."""
     summary = results["summary"]
-    ref = summary.get("reference", {})
+    ref, ref_bf16 = summary.get("reference", {}), summary.get("reference-bf16", {})
     results["ratios"], results["model_ratios"], results["slopes"] = {}, {}, {}
+    results["bf16_ratios"] = {}  # ours / the reference under autocast bf16 (best against best)
     for side, per_n in summary.items():
         ns = sorted(per_n, key=int)
         results["slopes"][side] = slope([int(n) for n in ns], [per_n[n]["ms"]["median"] for n in ns])
@@ -458,6 +499,9 @@ def finish(results: dict) -> None:
             [int(n) for n in ns], [per_n[n]["model_ms"]["median"] for n in ns])["ms_per_object"]
         if side == "reference":
             continue
+        if side != "reference-bf16" and ref_bf16:
+            results["bf16_ratios"][side] = {n: per_n[n]["ms"]["median"] / ref_bf16[n]["ms"]["median"]
+                                            for n in ns if n in ref_bf16}
         results["ratios"][side] = {n: per_n[n]["ms"]["median"] / ref[n]["ms"]["median"] for n in ns if n in ref}
         results["model_ratios"][side] = {n: per_n[n]["model_ms"]["median"] / ref[n]["model_ms"]["median"]
                                          for n in ns if n in ref}
@@ -528,6 +572,9 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--variants", default=",".join(VARIANTS),
                     help=f"variants of ours to time ({', '.join(VARIANTS)}); ort-fp32 is always run")
+    ap.add_argument("--reference-bf16", action="store_true",
+                    help="also time the reference under torch.autocast('cpu', dtype=torch.bfloat16) (a bf16 CPU: "
+                         "AVX512-BF16 or AMX), with its own thresholds from its own first-frame scores")
     ap.add_argument("--int8-graphs", default="backbone", help="graphs the ort-int8 bundle quantises, comma-separated")
     ap.add_argument("--prompts", help="text prompts, comma-separated (default: the preset's)")
     ap.add_argument("--clip", type=Path, default=CLIPS / "bikes.mp4")

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from benchmarks.measure import ExclusiveTimer, count_overrides, patched
+from benchmarks.measure import ExclusiveTimer, bf16_cpu, count_overrides, patched
 from benchmarks.graph_speed import main as graph_speed_main
 from benchmarks.run import main
 
@@ -21,6 +21,7 @@ def test_benchmark_tool_runs_at_tiny_size(tiny_bundle, tmp_path):
     out = tmp_path / "out"
     assert main(["--preset", "tiny", "--bundle", str(tiny_bundle), "--objects", "1,2", "--frames", "2", "--reps", "1",
                  "--warmup-frames", "1", "--threads", "1", "--variants", "ort-fp32,openvino-bf16,ort-int8,auto", "--fidelity-frames", "2",
+                 "--reference-bf16",
                  "--rss-frames", "3", "--rss-every", "2", "--rss-objects", "2", "--out", str(out),
                  "--cache", str(tmp_path / "cache")]) == 0
     # --threads 1 set torch's process-wide thread count for the reference; it is put back (the parity
@@ -58,6 +59,16 @@ def test_benchmark_tool_runs_at_tiny_size(tiny_bundle, tmp_path):
             for n in ("1", "2"):
                 t = r["overrides"][n][name]["score_threshold_detection"]
                 assert own[int(n) - 1] > t >= own[int(n)] or own[int(n) - 1] == own[int(n)], (name, n, t, own[:3])
+    # the reference under autocast bf16: timed beside the others with its own thresholds, or why not
+    asked = r["reference_bf16"]
+    assert asked["available"] == (bf16_cpu() is None) and asked["available"] == ("reference-bf16" in r["summary"])
+    if asked["available"]:
+        own = r["reference_bf16_first_frame_scores"]
+        assert set(r["summary"]["reference-bf16"]) == {"1", "2"} and set(r["bf16_ratios"]["ort-fp32"]) == {"1", "2"}
+        for n in ("1", "2"):
+            t = r["overrides"][n]["reference-bf16"]["score_threshold_detection"]
+            assert own[int(n) - 1] > t >= own[int(n)] or own[int(n) - 1] == own[int(n)], (n, t, own[:3])
+    assert "best against best" in (out / "results.md").read_text()
     # the default path (backend="auto"; the suite pins it to onnxruntime, conftest.py) and what it took
     assert r["variants"]["auto"]["chose"]["backend"] == "onnxruntime" and "auto" in r["summary"]
     for side in ("ours", "reference"):
