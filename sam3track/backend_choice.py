@@ -198,7 +198,8 @@ def _memory_verdict(m: dict, base: dict) -> str:
     else:
         over = (f"over {MEMORY_ALLOWANCE}x ONNX Runtime fp32's {base['memory_mb']:,.0f} MB (+{MEMORY_SLACK_MB:.0f}), "
                 f"the memory the defaults keep to")
-    ask = "" if not m["passed"] else f"; load with {_by_name(m['path'])} to take it anyway"
+    faster = m["ms_per_frame"] < base["ms_per_frame"] * MIN_GAIN
+    ask = f"; load with {_by_name(m['path'])} to take it anyway" if m["passed"] and faster else ""
     return f"; needs {m['memory_mb']:,.0f} MB, {over}{ask}"
 
 
