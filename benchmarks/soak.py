@@ -5,6 +5,7 @@
 
 `fixed`: one frame of bikes.mp4 fed again and again (nothing changes: memory must stay flat).
 `loop`: the whole clip played in a loop (objects come and go: the retirement policy must bound them).
+(`--set threads=1`, `--set max_num_objects=4`: any load() argument, as JSON.)
 Frames go through `session.track()` (a live stream, as a webcam would feed it). Every `--block`
 frames it prints: RSS (from /proc), the median and max time per frame in the block, live objects,
 ids born so far, memory/pointer pool rows in use and their capacity, live device allocations.
@@ -26,10 +27,11 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 
-def rss_mb() -> float:
+def rss_mb(field: str = "VmRSS") -> float:
+    """This process's resident memory now (VmRSS) or its peak so far (VmHWM), MB."""
     with open("/proc/self/status") as f:
         for line in f:
-            if line.startswith("VmRSS:"):
+            if line.startswith(field + ":"):
                 return int(line.split()[1]) / 1024
     return float("nan")
 
@@ -64,7 +66,7 @@ def main() -> None:
         session.add_prompt(text=prompt)
     rows, times = [], []
     print(f"{args.scene} scene, {args.frames} frames, prompts {args.prompts}, overrides {overrides}")
-    print(f"{'frames':>7} {'RSS MB':>8} {'ms med':>7} {'ms max':>7} {'objects':>7} {'born':>5} "
+    print(f"{'frames':>7} {'RSS MB':>8} {'peak MB':>8} {'ms med':>7} {'ms max':>7} {'objects':>7} {'born':>5} "
           f"{'mem rows/cap':>13} {'ptr rows/cap':>13} {'device allocs':>13}")
     for i in range(args.frames):
         started = time.perf_counter()
@@ -72,13 +74,13 @@ def main() -> None:
         times.append(time.perf_counter() - started)
         if (i + 1) % args.block == 0:
             usage = session.memory_usage()
-            row = dict(frames=i + 1, rss_mb=round(rss_mb(), 1), ms_median=round(1e3 * statistics.median(times), 1),
+            row = dict(frames=i + 1, rss_mb=round(rss_mb(), 1), peak_mb=round(rss_mb("VmHWM"), 1), ms_median=round(1e3 * statistics.median(times), 1),
                        ms_max=round(1e3 * max(times), 1), objects=len(session.object_ids),
                        born=session.objects.max_obj_id + 1, **usage,
                        device_allocations=predictor.backend.live_allocations)
             rows.append(row)
             times = []
-            print(f"{row['frames']:>7} {row['rss_mb']:>8} {row['ms_median']:>7} {row['ms_max']:>7} "
+            print(f"{row['frames']:>7} {row['rss_mb']:>8} {row['peak_mb']:>8} {row['ms_median']:>7} {row['ms_max']:>7} "
                   f"{row['objects']:>7} {row['born']:>5} "
                   f"{usage['memory_rows']:>6}/{usage['memory_capacity']:<6} "
                   f"{usage['pointer_rows']:>6}/{usage['pointer_capacity']:<6} {row['device_allocations']:>13}",
