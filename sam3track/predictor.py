@@ -62,10 +62,12 @@ class Predictor:
         shapes (openvino only): "dynamic" (default: each graph compiled once) or "static" (compiled
         again for each new set of call shapes, about 2 s a graph at mid size, then up to 40% faster
         per call): for long videos and streams.
-        weights (onnxruntime on the CPU only): "fp32" (default) or "fp16": each graph's large weights
-        kept in fp16 and cast to fp32 where used (computed in fp32): at full size about 1.6 GB less after
-        load and a lower peak, frames about 20% slower, results within fp16 rounding of fp32 (not checked
-        by the fidelity gate: asked for, never chosen by "auto"; docs/speed.md "Memory at full size").
+        weights (onnxruntime and openvino, on the CPU): "fp32" (default) or "fp16": each graph's large
+        weights kept in fp16 and converted where used (ONNX Runtime computes in fp32: at full size about
+        1.6 GB less after load and a lower peak, frames about 20% slower; OpenVINO at either precision:
+        bf16 at full size peaks at 7.1 GB instead of 10.1), results within fp16 rounding of fp32 (not
+        checked by the fidelity gate: asked for, never chosen by "auto"; docs/speed.md "Memory at full
+        size"). With precision= or shapes= it runs on OpenVINO, else on ONNX Runtime.
         gears (onnxruntime only): "compiled" runs an OM bundle's gears on ONNX Runtime, or
         {axis: sizes} pads every call to those sizes, so CPU runs take the Ascend padding path.
         compile_cache: None (default: on, unless SAM3TRACK_COMPILE_CACHE=0), True, False, or a folder:
@@ -82,8 +84,8 @@ class Predictor:
         options = {"threads": threads} if threads is not None else {}
         options["compile_cache"] = CompileCache.for_bundle(bundle, compile_cache, release_text_encoder)
         choice = None
-        if backend == "auto" and weights not in (None, "fp32"):  # an ONNX Runtime option: the user's choice
-            backend = "onnxruntime"
+        if backend == "auto" and weights not in (None, "fp32"):  # the user's choice, never measured
+            backend = "openvino" if precision is not None or shapes is not None else "onnxruntime"
         if weights is not None:
             options["weights"] = weights
         if backend == "auto":

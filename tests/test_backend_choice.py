@@ -58,10 +58,10 @@ def test_the_gate_keeps_the_fastest_path_within_the_parity_tolerances(monkeypatc
 
 
 def test_a_faster_faithful_path_that_holds_much_more_memory_than_onnxruntime_loses(monkeypatch):
-    """OpenVINO bf16 at full size holds about twice what ONNX Runtime fp32 holds: auto keeps ONNX Runtime
-    (the memory the defaults promise) and says how to take it anyway; on a machine whose half is less,
-    it says that instead. Within the allowance the faster path wins. The machine's memory is part of the
-    verdict's key."""
+    """OpenVINO bf16 at full size holds 9 GB where ONNX Runtime fp32 holds 3: over what the defaults promise
+    (3.5 GB, or 1.25x ONNX Runtime's), so auto keeps ONNX Runtime and says how to take it anyway; on a
+    machine whose half is less, it says that instead. Within the allowance the faster path wins (at mid:
+    twice ONNX Runtime's 1.4 GB, under 3.5 GB). The machine's memory is part of the verdict's key."""
     box = np.zeros((8, 8), bool)
     box[2:6, 2:6] = True
     base = _frames([([1], [box])] * 3)
@@ -84,10 +84,15 @@ def test_a_faster_faithful_path_that_holds_much_more_memory_than_onnxruntime_los
     monkeypatch.setattr(bc, "memory_limit_mb", lambda: 65536.0)  # 128 GB: it fits the machine, not the allowance
     choice = bc.run_gate(bundle, bf16, lambda c: c.label)
     assert choice.backend == "onnxruntime" and not choice.measured[1]["fits"] and choice.measured[1]["passed"]
-    assert "over 1.25x ONNX Runtime fp32's 3,000 MB" in choice.reason
+    assert "over the 4,006 MB the defaults keep to (the larger of 3,584 MB and 1.25x ONNX Runtime fp32's 3,000 MB" \
+        in choice.reason
     assert "load with backend='openvino', precision='bf16' to take it anyway" in choice.reason
     grows["openvino precision=bf16"] = 3000.0 * 1.25 + 256  # at the allowance: it wins
     assert bc.run_gate(bundle, bf16, lambda c: c.label).options == {"precision": "bf16"}
+    grows.update({"onnxruntime": 1400.0, "openvino precision=bf16": 2800.0})  # mid: twice, within 3.5 GB
+    assert bc.run_gate(bundle, bf16, lambda c: c.label).options == {"precision": "bf16"}
+    grows["openvino precision=bf16"] = 3700.0  # over 3,584 MB and over 1.25x: refused
+    assert bc.run_gate(bundle, bf16, lambda c: c.label).backend == "onnxruntime"
     on_128_gb = bc.verdict_key({"graphs": {}}, None, bf16)
     monkeypatch.setattr(bc, "memory_limit_mb", lambda: 8192.0)
     assert bc.verdict_key({"graphs": {}}, None, bf16) != on_128_gb

@@ -256,25 +256,26 @@ def test_openvino_compiles_deferred_graphs_at_first_use_into_its_cache(tiny_bund
 def test_openvino_precisions_and_thread_counts_never_share_compiled_blobs(tiny_bundle, tmp_path):
     """OpenVINO 2026.4 names one blob for a graph at f32, bf16, one thread and every thread: in one cache
     folder a bf16 load imported the fp32 compile and corrupted the heap at its first run (the suite's
-    crash in the benchmark smoke test). Each config gets its own folder, from load() and from an explicit
-    cache_dir= alike."""
+    crash in the benchmark smoke test). Each config (and weights="fp16") gets its own folder, from load()
+    and from an explicit cache_dir= alike."""
     pytest.importorskip("openvino")
     from sam3track.backends import create_backend
     from sam3track.backends.openvino import cpu_capabilities
 
     precisions = ("fp32", "bf16") if "BF16" in cpu_capabilities() else ("fp32",)
-    configs = [(p, t) for p in precisions for t in (None, 1)]
+    configs = [(p, t, "fp32") for p in precisions for t in (None, 1)] + [("fp32", None, "fp16")]
     cache = tmp_path / "cache"
-    for precision, threads in configs:
+    for precision, threads, weights in configs:
         with sam3track.load(tiny_bundle, backend="openvino", compile_cache=cache, precision=precision,
-                            threads=threads) as predictor:
+                            threads=threads, weights=weights) as predictor:
             folder = Path(predictor.backend._config["CACHE_DIR"])
             assert folder.parent.name.startswith("openvino-") and any(folder.iterdir())  # blobs written
     assert len(list(cache.glob("openvino-*/*"))) == len(configs)
     explicit = tmp_path / "explicit"
-    for precision, threads in configs:
-        create_backend("openvino", "cpu", precision=precision, threads=threads, cache_dir=explicit).close()
-    assert sorted(p.name for p in explicit.iterdir()) == sorted(f"{p}-threads-{t or 'all'}" for p, t in configs)
+    for precision, threads, weights in configs:
+        create_backend("openvino", "cpu", precision=precision, threads=threads, cache_dir=explicit,
+                       weights=weights).close()
+    assert sorted(p.name for p in explicit.iterdir()) == sorted(f"{p}-{w}-threads-{t or 'all'}" for p, t, w in configs)
 
 
 def _fake_entry(folder: Path, size: int, age_seconds: float) -> Path:
@@ -380,10 +381,14 @@ def test_fp16_weights_without_a_cache_leave_nothing_behind(tiny_bundle, frames, 
 
 
 @pytest.mark.parametrize("kw, words", [({"weights": "bf16"}, "use one of 'fp32', 'fp16'"),
-                                       ({"weights": "fp16", "backend": "openvino"}, "onnxruntime option")])
+                                       ({"weights": "bf16", "backend": "openvino"}, "use one of 'fp32', 'fp16'")])
 def test_bad_weights_settings_name_what_is_accepted(tiny_bundle, kw, words):
     with pytest.raises(sam3track.Sam3TrackError, match=words):
         sam3track.load(tiny_bundle, compile_cache=False, **kw)
+    from sam3track.backends import create_backend
+
+    with pytest.raises(sam3track.Sam3TrackError, match="onnxruntime and openvino option"):
+        create_backend("acl", "npu:0", weights="fp16")
 
 
 def test_cli_track_passes_weights(monkeypatch):

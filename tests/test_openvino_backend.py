@@ -358,10 +358,10 @@ def test_load_passes_precision_and_threads(tiny_bundle):
         sam3track.load(tiny_bundle, backend="openvino", threads=-2)
 
 
-def test_bf16_loads_store_weights_in_fp16_and_keep_what_fp16_cannot_hold(tmp_path, monkeypatch):
-    """What precision="bf16" compiles: each weight as fp16 plus a Convert (half the memory; the CPU plugin
-    rounds weights to bf16 anyway), a constant outside fp16's range kept fp32. Checked on any CPU by
-    compiling the stored model at fp32: y is exactly x @ fp16(w), z keeps 1e6."""
+def test_fp16_weights_are_stored_in_fp16_and_keep_what_fp16_cannot_hold(tmp_path, monkeypatch):
+    """What weights="fp16" compiles: each weight as fp16 plus a Convert (half the memory), a constant
+    outside fp16's range kept fp32. Checked on any CPU by compiling the stored model at fp32: y is
+    exactly x @ fp16(w), z keeps 1e6."""
     from onnx import numpy_helper
 
     w, big = _rand(64, 64), np.full(4, 1e6, np.float32)
@@ -381,15 +381,16 @@ def test_bf16_loads_store_weights_in_fp16_and_keep_what_fp16_cannot_hold(tmp_pat
     np.testing.assert_allclose(out["y"], x @ w.astype(np.float16).astype(np.float32), rtol=1e-5, atol=1e-5)
     assert not np.allclose(out["y"], x @ w, rtol=1e-6, atol=1e-6)  # the rounding happened
     np.testing.assert_array_equal(out["z"], big)
-    stored = []  # which loads go through it: bf16 only (fp32 keeps the bundle's weights exactly)
+    stored = []  # which loads go through it: weights="fp16" only, at either precision
     monkeypatch.setattr(ov_backend, "store_weights_in_fp16", lambda m: stored.append(m.get_friendly_name()) or True)
     for precision in ("fp32", "bf16") if HAS_BF16 else ("fp32",):
-        loaded = create_backend("openvino", "cpu", precision=precision)
-        try:
-            loaded.load(precision, path)
-        finally:
-            loaded.close()
-    assert len(stored) == (1 if HAS_BF16 else 0)
+        for weights in ("fp32", "fp16"):
+            loaded = create_backend("openvino", "cpu", precision=precision, weights=weights)
+            try:
+                loaded.load(weights, path)
+            finally:
+                loaded.close()
+    assert len(stored) == (2 if HAS_BF16 else 1)
 
 
 @pytest.mark.skipif(not HAS_BF16, reason="this CPU has no BF16 in OpenVINO's OPTIMIZATION_CAPABILITIES")

@@ -13,7 +13,7 @@ def create_backend(name: str, device: str = "cpu", **options) -> Backend:
     intra_op_num_threads, OpenVINO's INFERENCE_NUM_THREADS; acl accepts and ignores it; None: the
     backend's own default, every core); compile_cache (a compile_cache.CompileCache of the bundle, made by
     the predictor: the folder of optimised graphs and the graphs to defer; acl ignores it). Backend-
-    specific: gears and weights (onnxruntime), precision, shapes and cache_dir (openvino)."""
+    specific: gears (onnxruntime), weights (onnxruntime, openvino), precision, shapes and cache_dir (openvino)."""
     threads = options.get("threads")
     if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
         raise Sam3TrackError(f"threads must be a whole number >= 1, or None for the backend's default; "
@@ -26,11 +26,12 @@ def create_backend(name: str, device: str = "cpu", **options) -> Backend:
         raise Sam3TrackError(f"shapes= is an openvino option (dynamic or static); the {name} backend runs every "
                              "call at its own size (onnxruntime) or at the bundle's compiled gears (acl): leave "
                              "shapes unset or use backend='openvino'")
-    if name not in ("onnxruntime", "ort") and options.get("weights") not in (None, "fp32"):
-        raise Sam3TrackError(f"weights= is an onnxruntime option (fp32 or fp16, on the CPU); the {name} backend "
-                             "keeps each graph's weights as it compiles them: leave weights unset or use "
+    stores_weights = ("onnxruntime", "ort", "openvino", "ov")
+    if name not in stores_weights and options.get("weights") not in (None, "fp32"):
+        raise Sam3TrackError(f"weights= is an onnxruntime and openvino option (fp32 or fp16, on the CPU); the {name} "
+                             "backend keeps each graph's weights as it compiles them: leave weights unset or use "
                              "backend='onnxruntime'")
-    if options.get("weights") is None or name not in ("onnxruntime", "ort"):
+    if options.get("weights") is None or name not in stores_weights:
         options.pop("weights", None)  # nothing asked for, or fp32: what every other backend keeps
     if name not in ("openvino", "ov"):
         options.pop("precision", None)  # None: nothing asked for
@@ -47,7 +48,7 @@ def create_backend(name: str, device: str = "cpu", **options) -> Backend:
         except ImportError as exc:
             raise Sam3TrackError(f"backend='openvino' needs the openvino package ({exc}); "
                                  "pip install 'sam3track[openvino]'") from exc
-        _refuse(name, options, {"threads", "precision", "cache_dir", "shapes", "compile_cache"},
+        _refuse(name, options, {"threads", "precision", "cache_dir", "shapes", "compile_cache", "weights"},
                 "gears= is an onnxruntime option: the openvino backend runs every call at its own size")
         return OpenVinoBackend(device=device, **options)
     if name == "acl":

@@ -3,8 +3,8 @@
 One compiled model and infer request per graph; outputs named in `outputs=` are written straight into the
 caller's views, every other output into a fresh tensor. Options: shapes="dynamic" (default) or "static"
 (compiled again per new call shape, faster calls), precision="fp32" (default, always set) or "bf16" (CPUs
-that list BF16), cache_dir= (OpenVINO's compiled-model cache; by default the compile cache's folder of the
-bundle, compile_cache.py). Graphs the load defers are read at load and compiled at their first run. The
+that list BF16), weights="fp32" (default) or "fp16" (kept in fp16: store_weights_in_fp16), cache_dir=
+(OpenVINO's compiled-model cache; by default the compile cache's folder of the bundle, compile_cache.py). Graphs the load defers are read at load and compiled at their first run. The
 design: docs/architecture.md, "The OpenVINO backend"; what static shapes and bf16 gain and cost, and which
 quantised graphs load: docs/speed.md, "CPU fast paths".
 """
@@ -29,6 +29,7 @@ from .compile_cache import STATS as CACHE_STATS
 _VERSION = ov.__version__.split("-")[0]  # "2026.4.1" of "2026.4.1-22982-...-releases/2026/4"
 PRECISIONS = ("fp32", "bf16")
 SHAPES = ("dynamic", "static")
+WEIGHTS = ("fp32", "fp16")
 _HINTS = {"fp32": "f32", "bf16": "bf16"}
 
 
@@ -113,7 +114,8 @@ class OpenVinoBackend(Backend):
     name = "openvino"
 
     def __init__(self, device: str = "cpu", threads: int | None = None, precision: str | None = None,
-                 cache_dir: str | os.PathLike | None = None, shapes: str | None = None, compile_cache=None):
+                 cache_dir: str | os.PathLike | None = None, shapes: str | None = None, compile_cache=None,
+                 weights: str = "fp32"):
         """device: "cpu". threads: OpenVINO's INFERENCE_NUM_THREADS (None: OpenVINO's default, every
         core). precision: "fp32" (default) or "bf16" (CPUs whose OPTIMIZATION_CAPABILITIES list BF16:
         AMX, AVX512-BF16). cache_dir: a folder for OpenVINO's compiled-model cache, one subfolder per
@@ -121,7 +123,8 @@ class OpenVinoBackend(Backend):
         shapes: "dynamic" (default: one compile per graph) or "static" (one compile per graph and
         distinct input shapes, faster runs; see the module docstring). compile_cache: the load's
         compile_cache.CompileCache: its folder of the bundle is the CACHE_DIR when cache_dir is unset,
-        and its deferred graphs are compiled at their first run."""
+        and its deferred graphs are compiled at their first run. weights: "fp32" (default: as the bundle
+        stores them) or "fp16" (each weight kept in fp16 behind a Convert: store_weights_in_fp16)."""
         super().__init__()
         shapes = "dynamic" if shapes is None else shapes
         if shapes not in SHAPES:
@@ -141,7 +144,9 @@ class OpenVinoBackend(Backend):
                 raise Sam3TrackError(
                     f"precision='bf16' needs a CPU with bf16 support (AMX or AVX512-BF16); OpenVINO reports "
                     f"{cpu} with {', '.join(capabilities)} only: use precision='fp32' (the default)")
-        self.precision = precision
+        if weights not in WEIGHTS:
+            raise Sam3TrackError(f"weights={weights!r}: use one of {', '.join(map(repr, WEIGHTS))}")
+        self.precision, self.weights = precision, weights
         self.device = "CPU"
         self._config = {"INFERENCE_PRECISION_HINT": _HINTS[precision],  # explicit: bf16 is the CPU default
                         "PERFORMANCE_HINT": "LATENCY"}  # one request at a time, all cores on it
@@ -150,9 +155,9 @@ class OpenVinoBackend(Backend):
         self._deferred = compile_cache.deferred if compile_cache is not None else frozenset()
         self._compile_cache = compile_cache  # held: its folder is not pruned while this backend lives
         if cache_dir is None and compile_cache is not None:
-            cache_dir = _usable(compile_cache.openvino_dir(_VERSION, self._config))
+            cache_dir = _usable(compile_cache.openvino_dir(_VERSION, {**self._config, "weights": weights}))
         elif cache_dir is not None:  # OpenVINO's blob key leaves precision and threads out: a folder each
-            cache_dir = _usable(Path(cache_dir) / f"{precision}-threads-{threads or 'all'}")
+            cache_dir = _usable(Path(cache_dir) / f"{precision}-{weights}-threads-{threads or 'all'}")
         if cache_dir is not None:
             self._config["CACHE_DIR"] = str(cache_dir)
         self.compile_seconds: dict[str, float] = {}  # graph name -> read + compile time
@@ -176,7 +181,7 @@ class OpenVinoBackend(Backend):
         except Exception as exc:
             raise BundleError(f"openvino {_VERSION} cannot read graph {name} from {path}: "
                               f"{_first_lines(exc)}; run it with backend='onnxruntime'") from exc
-        if self.precision == "bf16":
+        if self.weights == "fp16":
             store_weights_in_fp16(model)
         if self.shapes == "static":  # compiled per call shapes, at first use (OvGraph.request_for)
             def compile_for(model, input_shapes, name=name, path=path):
@@ -384,14 +389,15 @@ def shared_core():
 
 
 def store_weights_in_fp16(model) -> bool:
-    """Turn the read model's fp32 constants into fp16 constants followed by a Convert, in place, as
-    OpenVINO's own IR format stores weights by default (ov.save_model's compress_to_fp16): for bf16
-    inference only, whose weights the CPU plugin rounds to bf16 anyway. The compiled graph then holds its
-    weights in half the memory, and the fp32 ones (read from the bundle) are freed before compiling
-    rather than kept beside the plugin's packed copy (full size: 9.9 -> about 6 GB at 1 object, half-size
-    blobs in the cache; docs/speed.md, "Memory at full size"). Constants outside fp16's range stay fp32
-    (OpenVINO's rule). False where this OpenVINO lacks the (private) transformation: then nothing changes
-    but the memory."""
+    """weights="fp16": turn the read model's fp32 constants into fp16 constants followed by a Convert, in
+    place, as OpenVINO's own IR format stores weights by default (ov.save_model's compress_to_fp16). The
+    compiled graph then holds its constants in half the memory, and the fp32 ones read from the bundle
+    are freed before compiling rather than kept beside the plugin's packed copies (full size, bf16: 10.1
+    -> 7.1 GB at 1 object; blobs in the cache 3.3 -> 1.8 GB; docs/speed.md, "Memory at full size"). Not
+    the default, not even for bf16: fp16 has 5 exponent bits where bf16 keeps fp32's 8, so small weights
+    lose precision that bf16 would keep (the seeded mid model then failed auto's gate in bf16, IoU min
+    0.0003 against 0.986 with fp32 weights). Constants outside fp16's range stay fp32 (OpenVINO's rule).
+    False where this OpenVINO lacks the (private) transformation: the weights then stay fp32."""
     try:
         from openvino._offline_transformations import compress_model_transformation
     except ImportError:
