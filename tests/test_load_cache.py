@@ -171,6 +171,35 @@ def test_a_released_text_encoder_whose_entry_went_is_made_again_and_fp16_weights
     predictor.close()
 
 
+def test_openvino_releases_its_text_encoder_too_and_tracks_the_same(tiny_bundle, frames, tmp_path):
+    """On OpenVINO a released text encoder is compiled at the first prompt of a burst (from OpenVINO's
+    blob cache after the first time), dropped when a frame's graph runs, compiled again at the next
+    prompt; the tracks equal a load that keeps it. Without a cache there is nothing to compile it again
+    from quickly: it stays."""
+    pytest.importorskip("openvino")
+    cache = tmp_path / "cache"
+    tracks = {}
+    for release in (True, False):
+        with sam3track.load(tiny_bundle, backend="openvino", compile_cache=cache,
+                            release_text_encoder=release) as predictor:
+            encoder = predictor.graphs["text_encoder"]
+            assert encoder.loaded is not release  # released: not compiled at load
+            loaded, _, tracks[release] = _prompts_then_frames(predictor, frames)
+            assert loaded == ([True, True, False] if release else [True, True, True])
+            loaded, _, again = _prompts_then_frames(predictor, frames)  # compiled again, the same tracks
+            assert loaded == ([True, True, False] if release else [True, True, True])
+            for a, b in zip(again, tracks[release], strict=True):
+                for x, y in zip(a, b):
+                    np.testing.assert_array_equal(x, y)
+            assert predictor.backend.calls["text_encoder"] == 4
+    assert any(len(ids) for ids, _, _ in tracks[True])
+    for a, b in zip(tracks[True], tracks[False], strict=True):
+        for x, y in zip(a, b):
+            np.testing.assert_array_equal(x, y)
+    with sam3track.load(tiny_bundle, backend="openvino", compile_cache=False, release_text_encoder=True) as uncached:
+        assert _prompts_then_frames(uncached, frames)[0] == [True, True, True]
+
+
 def test_concurrent_loads_into_one_empty_cache(tiny_bundle, tmp_path):
     cache = tmp_path / "cache"
     code = ("import json, sam3track; from sam3track.backends.compile_cache import STATS; "
@@ -275,7 +304,8 @@ def test_openvino_precisions_and_thread_counts_never_share_compiled_blobs(tiny_b
     for precision, threads, weights in configs:
         create_backend("openvino", "cpu", precision=precision, threads=threads, cache_dir=explicit,
                        weights=weights).close()
-    assert sorted(p.name for p in explicit.iterdir()) == sorted(f"{p}-{w}-threads-{t or 'all'}" for p, t, w in configs)
+    names = [f"{p}{'' if w == 'fp32' else '-' + w}-threads-{t or 'all'}" for p, t, w in configs]
+    assert sorted(p.name for p in explicit.iterdir()) == sorted(names)
 
 
 def _fake_entry(folder: Path, size: int, age_seconds: float) -> Path:

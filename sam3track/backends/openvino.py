@@ -4,8 +4,9 @@ One compiled model and infer request per graph; outputs named in `outputs=` are 
 caller's views, every other output into a fresh tensor. Options: shapes="dynamic" (default) or "static"
 (compiled again per new call shape, faster calls), precision="fp32" (default, always set) or "bf16" (CPUs
 that list BF16), weights="fp32" (default) or "fp16" (kept in fp16: store_weights_in_fp16), cache_dir=
-(OpenVINO's compiled-model cache; by default the compile cache's folder of the bundle, compile_cache.py). Graphs the load defers are read at load and compiled at their first run. The
-design: docs/architecture.md, "The OpenVINO backend"; what static shapes and bf16 gain and cost, and which
+(OpenVINO's compiled-model cache; by default the compile cache's folder of the bundle, compile_cache.py).
+Graphs the load defers are read at load and compiled at their first run; a released graph (a large text
+encoder) is compiled again at each first run after another graph ran. The design: docs/architecture.md, "The OpenVINO backend"; what static shapes and bf16 gain and cost, and which
 quantised graphs load: docs/speed.md, "CPU fast paths".
 """
 
@@ -38,12 +39,15 @@ MAX_STATIC_SHAPES = 32  # per graph, with shapes="static": compiled models kept 
 
 class OvGraph(Graph):
     def __init__(self, name: str, model, compiled, gears: dict[str, tuple[int, ...]], compile_for=None,
-                 deferred=None):
+                 deferred=None, reader=None):
         """model: the graph as read (its ports carry the ONNX names; compiling can merge other tensor
-        names into them), kept only while a compile still needs it (static shapes, deferred); compiled: the same graph compiled with its dynamic axes, ports in the same
-        order, or None with shapes="static", where compile_for(model, input shapes) compiles a copy of
-        the model reshaped to those shapes, or None for a graph the load deferred: deferred(model)
-        compiles it at its first run."""
+        names into them), kept only while a compile still needs it (static shapes, deferred); compiled:
+        the same graph compiled with its dynamic axes, ports in the same order, or None with
+        shapes="static", where compile_for(model, input shapes) compiles a copy of the model reshaped
+        to those shapes, or None for a graph the load deferred: deferred(model) compiles it at its first
+        run. reader: for a released graph (compile_cache.released), reads the model again: it is not
+        kept, and the compiled model is dropped once another graph runs (OpenVinoBackend._free_released),
+        so its next run reads and compiles it again (from OpenVINO's cache)."""
         self.name = name
         self.model = model
         self.compiled = compiled
@@ -60,14 +64,20 @@ class OvGraph(Graph):
                        for n, p in zip(self.input_names + self.output_names, ports)}
         self.sizes = dict(gears)
         self.output_types = [p.get_element_type() for p in model.outputs]
-        if compiled is not None:  # the read model holds the graph's weights as read (fp32): not needed now
+        self.reader, self.compiler = reader, deferred
+        if compiled is not None or reader is not None:  # the read model holds the weights as read: not kept
             self.model = None
-        self.loaded = True
+        self.closed = False
+
+    @property
+    def loaded(self) -> bool:
+        """Whether the graph is compiled now (a deferred or released one is compiled at its next run)."""
+        return not self.closed and (self.compiled is not None or bool(self.static))
 
     def request_for(self, shapes: tuple) -> tuple:
         """(infer request, its compiled model) for a call with these input shapes; called under the lock."""
-        if self.compiled is None and self.deferred is not None:  # a deferred graph's first run
-            self.compiled, self.deferred = self.deferred(self.model), None
+        if self.compiled is None and self.deferred is not None:  # a deferred graph's first run, or a released one's
+            self.compiled, self.deferred = self.deferred(self.model if self.model is not None else self.reader()), None
             self.request = self.compiled.create_infer_request()
             self.model = None
         if self.compile_for is None:
@@ -92,10 +102,18 @@ class OvGraph(Graph):
                                                                else 1)
         return ov.Tensor(port.get_element_type(), list(dims))
 
+    def free_compiled(self) -> None:
+        """A released graph after its run: its compiled model dropped (weights, packed copies, buffers)
+        until its next run compiles it again; called under the lock."""
+        if self.compiled is not None:
+            self.request = self.compiled = None
+            self.deferred = self.compiler
+
     def release(self) -> None:
-        self.request = self.compiled = self.deferred = None  # OpenVINO releases them with their last reference
+        # OpenVINO frees them with their last reference
+        self.request = self.compiled = self.deferred = self.compiler = self.reader = None
         self.static.clear()
-        self.loaded = False
+        self.closed = True
 
 
 class _Storage:
@@ -119,7 +137,7 @@ class OpenVinoBackend(Backend):
         """device: "cpu". threads: OpenVINO's INFERENCE_NUM_THREADS (None: OpenVINO's default, every
         core). precision: "fp32" (default) or "bf16" (CPUs whose OPTIMIZATION_CAPABILITIES list BF16:
         AMX, AVX512-BF16). cache_dir: a folder for OpenVINO's compiled-model cache, one subfolder per
-        precision and thread count (None: no cache).
+        precision, weights and thread count (None: no cache).
         shapes: "dynamic" (default: one compile per graph) or "static" (one compile per graph and
         distinct input shapes, faster runs; see the module docstring). compile_cache: the load's
         compile_cache.CompileCache: its folder of the bundle is the CACHE_DIR when cache_dir is unset,
@@ -153,13 +171,18 @@ class OpenVinoBackend(Backend):
         if threads:
             self._config["INFERENCE_NUM_THREADS"] = int(threads)
         self._deferred = compile_cache.deferred if compile_cache is not None else frozenset()
+        self._released = compile_cache.released if compile_cache is not None else frozenset()
         self._compile_cache = compile_cache  # held: its folder is not pruned while this backend lives
         if cache_dir is None and compile_cache is not None:
-            cache_dir = _usable(compile_cache.openvino_dir(_VERSION, {**self._config, "weights": weights}))
+            keyed = self._config if weights == "fp32" else {**self._config, "weights": weights}  # fp32: the old key
+            cache_dir = _usable(compile_cache.openvino_dir(_VERSION, keyed))
         elif cache_dir is not None:  # OpenVINO's blob key leaves precision and threads out: a folder each
-            cache_dir = _usable(Path(cache_dir) / f"{precision}-{weights}-threads-{threads or 'all'}")
+            stored = "" if weights == "fp32" else f"-{weights}"  # fp32: the folder's old name
+            cache_dir = _usable(Path(cache_dir) / f"{precision}{stored}-threads-{threads or 'all'}")
         if cache_dir is not None:
             self._config["CACHE_DIR"] = str(cache_dir)
+        if cache_dir is None or shapes == "static":  # nothing to compile it again from quickly: kept
+            self._released = frozenset()
         self.compile_seconds: dict[str, float] = {}  # graph name -> read + compile time
         self._graphs: list[OvGraph] = []
         self._storages: weakref.WeakSet[_Storage] = weakref.WeakSet()  # every allocation not yet collected
@@ -176,13 +199,7 @@ class OpenVinoBackend(Backend):
         if compiled is not None:  # an OM bundle's ATC-ready graph is static on its fixed axes
             gears = {axis: tuple(sizes) for axis, sizes in compiled["axes"].items() if len(sizes) == 1}
         started = time.perf_counter()
-        try:
-            model = self._core.read_model(path)
-        except Exception as exc:
-            raise BundleError(f"openvino {_VERSION} cannot read graph {name} from {path}: "
-                              f"{_first_lines(exc)}; run it with backend='onnxruntime'") from exc
-        if self.weights == "fp16":
-            store_weights_in_fp16(model)
+        model = self._read(name, path)
         if self.shapes == "static":  # compiled per call shapes, at first use (OvGraph.request_for)
             def compile_for(model, input_shapes, name=name, path=path):
                 started = time.perf_counter()
@@ -193,6 +210,9 @@ class OpenVinoBackend(Backend):
                 return compiled
 
             graph = OvGraph(name, model, None, gears, compile_for)
+        elif name in self._released:  # read (and so checked) now, compiled at each first run after a release
+            graph = OvGraph(name, model, None, gears, deferred=lambda model: self._compile(name, path, model, ""),
+                            reader=lambda: self._read(name, path))
         elif name in self._deferred:  # read (and so checked) now, compiled at its first run
             graph = OvGraph(name, model, None, gears, deferred=lambda model: self._compile(name, path, model, ""))
         else:
@@ -200,6 +220,18 @@ class OpenVinoBackend(Backend):
         self.compile_seconds[name] = time.perf_counter() - started
         self._graphs.append(graph)
         return graph
+
+    def _read(self, name: str, path: str):
+        """The graph as OpenVINO reads it, its weights stored as weights= asks."""
+        try:
+            model = self._core.read_model(path)
+        except Exception as exc:
+            raise BundleError(f"openvino {_VERSION} cannot read graph {name} from {path}: "
+                              f"{_first_lines(exc)}; run it with backend='onnxruntime'") from exc
+        if self.weights == "fp16" and not store_weights_in_fp16(model):
+            raise Sam3TrackError(f"weights='fp16' needs OpenVINO's compress_model_transformation, which openvino "
+                                 f"{_VERSION} lacks: load without weights= (fp32), or with backend='onnxruntime'")
+        return model
 
     def _compile(self, name: str, path: str, model, where: str):
         if self._compile_cache is not None and "CACHE_DIR" in self._config:  # a compile after the load too
@@ -300,10 +332,12 @@ class OpenVinoBackend(Backend):
     def run(self, graph: OvGraph, inputs, outputs=None):
         self._check_open()
         outputs = outputs or {}
-        if not isinstance(graph, OvGraph) or not graph.loaded:
+        if not isinstance(graph, OvGraph) or graph.closed:
             raise BackendError(f"internal error: graph {getattr(graph, 'name', graph)!r} was not loaded by this "
                                "openvino backend; please report this")
         self.calls[graph.name] += 1
+        if self._released:
+            self._free_released(graph)
         bound_in = []
         for name in graph.input_names:
             if name not in inputs:
@@ -342,6 +376,16 @@ class OpenVinoBackend(Backend):
                 np.copyto(self._array(target), got.data)
             out[name] = target
         return out
+
+    def _free_released(self, running: OvGraph) -> None:
+        """Drop every released graph's compiled model but `running`'s: a burst of prompts compiles the
+        text encoder once, and no frame's peak holds it. A run holds its graph's lock, so none is freed
+        mid-run; its outputs are tensors of their own."""
+        for graph in self._graphs:
+            if graph is not running and graph.compiler is not None and graph.reader is not None \
+                    and graph.compiled is not None:
+                with graph.lock:
+                    graph.free_compiled()
 
     def close(self) -> None:
         for graph in self._graphs:
@@ -397,7 +441,7 @@ def store_weights_in_fp16(model) -> bool:
     the default, not even for bf16: fp16 has 5 exponent bits where bf16 keeps fp32's 8, so small weights
     lose precision that bf16 would keep (the seeded mid model then failed auto's gate in bf16, IoU min
     0.0003 against 0.986 with fp32 weights). Constants outside fp16's range stay fp32 (OpenVINO's rule).
-    False where this OpenVINO lacks the (private) transformation: the weights then stay fp32."""
+    False where this OpenVINO lacks the (private) transformation (the load then refuses weights="fp16")."""
     try:
         from openvino._offline_transformations import compress_model_transformation
     except ImportError:
