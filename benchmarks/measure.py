@@ -304,7 +304,8 @@ def bf16_cpu() -> str | None:
     """None where this CPU computes bf16 natively (AVX512-BF16 or AMX, as torch's oneDNN needs for the
     autocast reference to be a fast path), else why not."""
     try:
-        flags = next(line for line in open("/proc/cpuinfo") if line.startswith("flags")).split()
+        with open("/proc/cpuinfo") as f:
+            flags = next(line for line in f if line.startswith("flags")).split()
     except (OSError, StopIteration):
         return "no /proc/cpuinfo to read the CPU's flags from"
     if "avx512_bf16" in flags or "amx_bf16" in flags:

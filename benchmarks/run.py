@@ -231,6 +231,9 @@ def time_counts(args, preset, bundles, results, save, log) -> None:
         variant_overrides = _variant_overrides(args, n, overrides, own_scores, results)
         raw = _time_count(args, bundles, frames, key, variant_overrides, (ref, ref_overrides),
                           (pixels, h, w, tokenizer), results, log)
+        if getattr(ref, "bf16_error", None):
+            results["reference_bf16"].update(available=False, reason=ref.bf16_error)
+            bf16_scores = None
         for side, reps in raw.items():
             results["summary"].setdefault(side, {})[key] = side_summary(reps, n, ours=side not in REFERENCE_SIDES)
             results["runs"].setdefault(side, {})[key] = [_records(r) for r in reps]
@@ -267,6 +270,12 @@ def run_reference(args, refs, side: str, inputs, n_frames: int | None = None):
     ref.bf16 = side == "reference-bf16"
     try:
         return ref.run(pixels, h, w, args.prompts, tokenizer, n_frames=n_frames)
+    except Exception as exc:
+        if side == "reference":
+            raise
+        ref.bf16_error = f"failed to run: {type(exc).__name__}: {exc}"  # the side is dropped, the run goes on
+        overrides.pop(side)
+        return None
     finally:
         ref.bf16 = False
 
@@ -339,10 +348,11 @@ def _time_count(args, bundles, frames, key, variant_overrides, refs, inputs, res
             log(f"  {name}: unavailable: {exc}")
     raw = {name: [] for name in predictors}
     _warm_up(args, ours, predictors, raw, key, results, log)
-    for side in refs[1]:
-        raw[side] = []
+    for side in list(refs[1]):
         warm = run_reference(args, refs, side, inputs, n_frames=args.warmup_frames)
-        results["warmup"].setdefault(side, {})[key] = [r.ms for r in warm]
+        if warm is not None:
+            raw[side] = []
+            results["warmup"].setdefault(side, {})[key] = [r.ms for r in warm]
     order = ["ort-fp32", *refs[1]] + [v for v in predictors if v != "ort-fp32"]
     order = [s for s in order if s in refs[1] or s in predictors]
     _interleaved_reps(args, order, ours, refs, inputs, raw, variants, log)
@@ -372,9 +382,14 @@ def _warm_up(args, ours, predictors, raw, key, results, log) -> None:
 def _interleaved_reps(args, order, ours, refs, inputs, raw, variants, log) -> None:
     """args.reps repetitions of every side in order, interleaved; a variant that fails is dropped."""
     for rep in range(args.reps):
-        for side in order:
+        for side in list(order):  # a side that fails is removed from order
             if side in REFERENCE_SIDES:
                 records = run_reference(args, refs, side, inputs)
+                if records is None:
+                    log(f"  {side}: {refs[0].bf16_error}")
+                    order.remove(side)
+                    raw.pop(side)
+                    continue
             else:
                 try:
                     records = ours(side)

@@ -74,7 +74,8 @@ def main() -> None:
         times.append(time.perf_counter() - started)
         if (i + 1) % args.block == 0:
             usage = session.memory_usage()
-            row = dict(frames=i + 1, rss_mb=round(rss_mb(), 1), peak_mb=round(rss_mb("VmHWM"), 1), ms_median=round(1e3 * statistics.median(times), 1),
+            row = dict(frames=i + 1, rss_mb=round(rss_mb(), 1), peak_mb=round(rss_mb("VmHWM"), 1),
+                       ms_median=round(1e3 * statistics.median(times), 1),
                        ms_max=round(1e3 * max(times), 1), objects=len(session.object_ids),
                        born=session.objects.max_obj_id + 1, **usage,
                        device_allocations=predictor.backend.live_allocations)

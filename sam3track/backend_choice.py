@@ -7,8 +7,8 @@ Runtime fp32, the path the parity tests hold to the reference: the same short sy
 prompt and clicks that force three objects, tracked through both. A candidate passes the fidelity gate
 when the ids are equal on every frame and mask IoU has mean >= 0.99 and min >= 0.95 (the parity
 tolerances); the fastest passing path wins if it is faster per frame than ONNX Runtime at all and its
-memory while tracking stays within what the defaults promise (allowed_memory_mb: 3.5 GB, or 1.25x
-ONNX Runtime's where that is more) and within half the machine's (full size: OpenVINO bf16 is 2.6x
+memory while tracking stays within what the defaults promise (allowed_memory_mb: 3.5 GB, or ONNX
+Runtime's own where that is more) and within half the machine's (full size: OpenVINO bf16 is 2.6x
 faster on an AMX CPU but holds 9 GB, so it is left to precision="bf16"; at mid it holds 2.8 GB and wins).
 The verdict is kept in the user cache per machine (CPU model and flags), thread count, bundle (its
 graphs' sha256s) and package and runtime versions, so the gate runs once. docs/speed.md, "backend=auto".
@@ -37,10 +37,10 @@ MIN_GAIN = 0.9  # a candidate must take under 90% of ONNX Runtime's time per fra
 # than that, measuring could get the process killed: ONNX Runtime fp32 is taken unmeasured.
 GATE_MEMORY_FACTOR = 4
 # The memory the defaults promise (issue 34: the full-size model within 3.5 GB at one object, a laptop's
-# share): a faster path may hold up to this on the gate clip, or up to 1.25x ONNX Runtime fp32 (+256 MB
-# of a small model's noise) where ONNX Runtime itself holds more.
+# share): a faster path may hold up to this on the gate clip, or up to what ONNX Runtime fp32 itself held
+# there (+256 MB of noise) where that is more.
 DEFAULTS_MEMORY_MB = 3584.0
-MEMORY_ALLOWANCE, MEMORY_SLACK_MB = 1.25, 256.0
+MEMORY_SLACK_MB = 256.0
 SCHEMA = 2  # 2: the memory allowance (verdicts of 1 may hold a path it refuses)
 ENV_BACKEND = "SAM3TRACK_BACKEND"
 log = logging.getLogger("sam3track")
@@ -69,7 +69,7 @@ class Choice:
 
 
 def choose(bundle, device: str, threads: int | None, precision: str | None, shapes: str | None, gears,
-           open_predictor: Callable[[Candidate], object]) -> Choice:
+           open_predictor: Callable[[Candidate], object], weights: str | None = None) -> Choice:
     """The path for backend="auto". open_predictor(candidate) loads the bundle on that path (only the
     gate calls it, one path at a time, each closed before the next)."""
     named = os.environ.get(ENV_BACKEND, "").strip()
@@ -80,9 +80,9 @@ def choose(bundle, device: str, threads: int | None, precision: str | None, shap
         if named not in BACKENDS + ("ort", "ov"):
             raise Sam3TrackError(f"${ENV_BACKEND}={named!r} is not a backend; set it to one of "
                                  f"{', '.join(BACKENDS)} or auto, or unset it")
-        return Choice(named, _asked(precision, shapes), f"${ENV_BACKEND}={named}")
+        return Choice(named, _asked(precision, shapes, weights), f"${ENV_BACKEND}={named}")
     if precision is not None or shapes is not None:
-        return Choice("openvino", _asked(precision, shapes), "precision=/shapes= are OpenVINO options")
+        return Choice("openvino", _asked(precision, shapes, weights), "precision=/shapes= are OpenVINO options")
     if gears is not None:
         return Choice("onnxruntime", {}, "gears= is an ONNX Runtime option")
     device = str(device)
@@ -90,6 +90,8 @@ def choose(bundle, device: str, threads: int | None, precision: str | None, shap
         return Choice("acl", {}, f"device {device}: an OM bundle on pyacl")
     if device != "cpu":
         return Choice("onnxruntime", {}, f"device {device}: ONNX Runtime's execution provider for it")
+    if weights not in (None, "fp32"):  # the user's choice of memory over fidelity: never measured
+        return Choice("onnxruntime", _asked(None, None, weights), f"weights={weights!r} given: ONNX Runtime, not measured")
     candidates = cpu_candidates()
     if not candidates:
         return Choice("onnxruntime", {}, "ONNX Runtime fp32: no faster path installed (pip install "
@@ -120,8 +122,9 @@ def _memory_short_of_gate(bundle) -> str | None:
             f"{free / 2**30:.1f} GB is available now (backend='openvino' to choose it yourself)")
 
 
-def _asked(precision, shapes) -> dict:
-    return {k: v for k, v in (("precision", precision), ("shapes", shapes)) if v is not None}
+def _asked(precision, shapes, weights=None) -> dict:
+    asked = (("precision", precision), ("shapes", shapes), ("weights", None if weights == "fp32" else weights))
+    return {k: v for k, v in asked if v is not None}
 
 
 def cpu_candidates() -> list[Candidate]:
@@ -138,7 +141,8 @@ def cpu_candidates() -> list[Candidate]:
 # --------------------------------------------------------------------------------- the gate
 def run_gate(bundle, candidates: list[Candidate], open_predictor) -> Choice:
     """Track the gate clip through ONNX Runtime fp32 and each candidate; the fastest that passes and
-    whose resident memory while tracking stays within half this machine's memory (memory_limit_mb)."""
+    whose resident memory while tracking stays within what the defaults promise (allowed_memory_mb) and
+    half this machine's memory (memory_limit_mb)."""
     print(f"sam3track: backend=auto: measuring which path runs {bundle.root} fastest within the parity "
           f"tolerances on this machine (once; {len(candidates) + 1} short runs of {GATE_FRAMES} frames; "
           f"backend='onnxruntime' or ${ENV_BACKEND}=onnxruntime skips it) ...",
@@ -173,7 +177,7 @@ def run_gate(bundle, candidates: list[Candidate], open_predictor) -> Choice:
 
 def allowed_memory_mb(base_mb: float | None) -> float | None:
     """What a faster path may hold while tracking the gate clip, given ONNX Runtime fp32's MB."""
-    return None if base_mb is None else max(DEFAULTS_MEMORY_MB, base_mb * MEMORY_ALLOWANCE + MEMORY_SLACK_MB)
+    return None if base_mb is None else max(DEFAULTS_MEMORY_MB, base_mb + MEMORY_SLACK_MB)
 
 
 def _reason(best: Candidate, measured: list) -> str:
@@ -199,7 +203,7 @@ def _memory_verdict(m: dict, base: dict) -> str:
         over = f"over half this machine's memory ({limit:,.0f} MB)"
     else:
         over = (f"over the {allowed:,.0f} MB the defaults keep to (the larger of {DEFAULTS_MEMORY_MB:,.0f} MB and "
-                f"{MEMORY_ALLOWANCE}x ONNX Runtime fp32's {base['memory_mb']:,.0f} MB, +{MEMORY_SLACK_MB:.0f})")
+                f"ONNX Runtime fp32's own {base['memory_mb']:,.0f} MB +{MEMORY_SLACK_MB:.0f})")
     faster = m["ms_per_frame"] < base["ms_per_frame"] * MIN_GAIN
     ask = f"; load with {_by_name(m['path'])} to take it anyway" if m["passed"] and faster else ""
     return f"; needs {m['memory_mb']:,.0f} MB, {over}{ask}"
@@ -255,9 +259,9 @@ def resident_mb() -> float | None:
 
 
 def memory_limit_mb() -> float | None:
-    """What a faster path may hold while tracking: half this machine's memory (MemTotal, or the cgroup's
-    limit when lower), so that a path picked on a large machine is not one a laptop cannot hold
-    (OpenVINO bf16 at full size: 9 GB against ONNX Runtime's 3 GB). None where unknown."""
+    """The most a faster path may hold while tracking on this machine: half its memory (MemTotal, or the
+    cgroup's limit when lower), so that a verdict is never one this machine cannot hold (the verdict's key
+    includes it). None where unknown."""
     from .call_sizes import cgroup_memory, meminfo_bytes
 
     total, (limit, _) = meminfo_bytes("MemTotal"), cgroup_memory()

@@ -65,9 +65,11 @@ class Predictor:
         weights (onnxruntime and openvino, on the CPU): "fp32" (default) or "fp16": each graph's large
         weights kept in fp16 and converted where used (ONNX Runtime computes in fp32: at full size about
         1.6 GB less after load and a lower peak, frames about 20% slower; OpenVINO at either precision:
-        bf16 at full size peaks at 7.1 GB instead of 10.1), results within fp16 rounding of fp32 (not
-        checked by the fidelity gate: asked for, never chosen by "auto"; docs/speed.md "Memory at full
-        size"). With precision= or shapes= it runs on OpenVINO, else on ONNX Runtime.
+        bf16 at full size peaks at 7.1 GB instead of 10.1), results within fp16 rounding of fp32, but in
+        bf16 fp16 weights can change which objects are found (fp16's exponent range is narrower: a mask
+        was lost on auto's gate clip); not checked by the fidelity gate: asked for, never chosen by
+        "auto" (docs/speed.md "Memory at full size"). With precision= or shapes= it runs on OpenVINO,
+        else on ONNX Runtime.
         gears (onnxruntime only): "compiled" runs an OM bundle's gears on ONNX Runtime, or
         {axis: sizes} pads every call to those sizes, so CPU runs take the Ascend padding path.
         compile_cache: None (default: on, unless SAM3TRACK_COMPILE_CACHE=0), True, False, or a folder:
@@ -84,13 +86,12 @@ class Predictor:
         options = {"threads": threads} if threads is not None else {}
         options["compile_cache"] = CompileCache.for_bundle(bundle, compile_cache, release_text_encoder)
         choice = None
-        if backend == "auto" and weights not in (None, "fp32"):  # the user's choice, never measured
-            backend = "openvino" if precision is not None or shapes is not None else "onnxruntime"
         if weights is not None:
             options["weights"] = weights
         if backend == "auto":
             choice = choose(bundle, device, threads, precision, shapes, gears,
-                            lambda c: cls(bundle, create_backend(c.backend, device, **options, **c.options), config))
+                            lambda c: cls(bundle, create_backend(c.backend, device, **options, **c.options), config),
+                            weights)
             backend, precision, shapes = choice.backend, choice.options.get("precision"), choice.options.get("shapes")
         if precision is not None:
             options["precision"] = precision

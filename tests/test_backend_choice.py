@@ -59,9 +59,10 @@ def test_the_gate_keeps_the_fastest_path_within_the_parity_tolerances(monkeypatc
 
 def test_a_faster_faithful_path_that_holds_much_more_memory_than_onnxruntime_loses(monkeypatch):
     """OpenVINO bf16 at full size holds 9 GB where ONNX Runtime fp32 holds 3: over what the defaults promise
-    (3.5 GB, or 1.25x ONNX Runtime's), so auto keeps ONNX Runtime and says how to take it anyway; on a
-    machine whose half is less, it says that instead. Within the allowance the faster path wins (at mid:
-    twice ONNX Runtime's 1.4 GB, under 3.5 GB). The machine's memory is part of the verdict's key."""
+    (3.5 GB, or ONNX Runtime's own where that is more), so auto keeps ONNX Runtime and says how to take it
+    anyway; on a machine whose half is less, it says that instead. Within the allowance the faster path
+    wins (at mid: twice ONNX Runtime's 1.4 GB, under 3.5 GB). The machine's memory is part of the
+    verdict's key."""
     box = np.zeros((8, 8), bool)
     box[2:6, 2:6] = True
     base = _frames([([1], [box])] * 3)
@@ -84,18 +85,46 @@ def test_a_faster_faithful_path_that_holds_much_more_memory_than_onnxruntime_los
     monkeypatch.setattr(bc, "memory_limit_mb", lambda: 65536.0)  # 128 GB: it fits the machine, not the allowance
     choice = bc.run_gate(bundle, bf16, lambda c: c.label)
     assert choice.backend == "onnxruntime" and not choice.measured[1]["fits"] and choice.measured[1]["passed"]
-    assert "over the 4,006 MB the defaults keep to (the larger of 3,584 MB and 1.25x ONNX Runtime fp32's 3,000 MB" \
+    assert "over the 3,584 MB the defaults keep to (the larger of 3,584 MB and ONNX Runtime fp32's own 3,000 MB" \
         in choice.reason
     assert "load with backend='openvino', precision='bf16' to take it anyway" in choice.reason
-    grows["openvino precision=bf16"] = 3000.0 * 1.25 + 256  # at the allowance: it wins
+    grows["openvino precision=bf16"] = 3584.0  # at the allowance: it wins
     assert bc.run_gate(bundle, bf16, lambda c: c.label).options == {"precision": "bf16"}
     grows.update({"onnxruntime": 1400.0, "openvino precision=bf16": 2800.0})  # mid: twice, within 3.5 GB
     assert bc.run_gate(bundle, bf16, lambda c: c.label).options == {"precision": "bf16"}
-    grows["openvino precision=bf16"] = 3700.0  # over 3,584 MB and over 1.25x: refused
+    grows.update({"onnxruntime": 4000.0, "openvino precision=bf16": 4256.0})  # ONNX Runtime's own, +256: wins
+    assert bc.run_gate(bundle, bf16, lambda c: c.label).options == {"precision": "bf16"}
+    grows["openvino precision=bf16"] = 4300.0  # over both: refused
     assert bc.run_gate(bundle, bf16, lambda c: c.label).backend == "onnxruntime"
+    # a refused path is offered by name only where it kept to the tolerances and was faster
+    runs = {"onnxruntime": (base, 100.0), "openvino precision=bf16": (base, 95.0)}
+    monkeypatch.setattr(bc, "track_gate_clip", lambda p, f, c: (*runs[p], 1000.0 + grows[p]))
+    assert "to take it anyway" not in bc.run_gate(bundle, bf16, lambda c: c.label).reason  # not 10% faster
+    shifted = _frames([([1], [np.roll(box, 2, axis=1)])] * 3)
+    runs["openvino precision=bf16"] = (shifted, 30.0)
+    assert "to take it anyway" not in bc.run_gate(bundle, bf16, lambda c: c.label).reason  # outside tolerance
     on_128_gb = bc.verdict_key({"graphs": {}}, None, bf16)
     monkeypatch.setattr(bc, "memory_limit_mb", lambda: 8192.0)
     assert bc.verdict_key({"graphs": {}}, None, bf16) != on_128_gb
+
+
+def test_fp16_weights_are_the_users_choice_never_measured(monkeypatch):
+    """weights="fp16" under auto: ONNX Runtime unmeasured, or OpenVINO where precision=/shapes= say so; an
+    NPU device still runs acl (which then refuses the option) and $SAM3TRACK_BACKEND still wins."""
+    monkeypatch.delenv(bc.ENV_BACKEND, raising=False)
+
+    def never(candidate):
+        raise AssertionError("the gate ran")
+
+    bundle = type("B", (), {"root": "b", "manifest": {"graphs": {}, "preprocessing": {"image_size": 16}}})()
+    choice = bc.choose(bundle, "cpu", None, None, None, None, never, weights="fp16")
+    assert (choice.backend, choice.options) == ("onnxruntime", {"weights": "fp16"})
+    assert "weights='fp16' given" in choice.reason
+    choice = bc.choose(bundle, "cpu", None, "bf16", None, None, never, weights="fp16")
+    assert (choice.backend, choice.options) == ("openvino", {"precision": "bf16", "weights": "fp16"})
+    assert bc.choose(bundle, "npu:0", None, None, None, None, never, weights="fp16").backend == "acl"
+    monkeypatch.setenv(bc.ENV_BACKEND, "openvino")
+    assert bc.choose(bundle, "cpu", None, None, None, None, never, weights="fp16").backend == "openvino"
 
 
 def test_ids_that_differ_on_one_frame_fail_the_gate():

@@ -79,6 +79,30 @@ def test_benchmark_tool_runs_at_tiny_size(tiny_bundle, tmp_path):
     assert "| objects |" in md and "ms per extra object" in md and "RSS" in md
 
 
+def test_a_reference_bf16_run_that_fails_drops_that_side_only():
+    """An autocast failure (an op without a bf16 kernel, say) drops the bf16 reference with the reason; the
+    fp32 reference failing still stops the run."""
+    from types import SimpleNamespace
+
+    from benchmarks.run import run_reference
+
+    class Broken:
+        bf16 = False
+
+        def configure(self, overrides):
+            self.configured = overrides
+
+        def run(self, *args, **kwargs):
+            raise RuntimeError("no bf16 kernel")
+
+    ref, overrides = Broken(), {"reference": {"a": 1}, "reference-bf16": {"a": 2}}
+    args = SimpleNamespace(prompts=["person"])
+    assert run_reference(args, (ref, overrides), "reference-bf16", (None, 1, 1, None)) is None
+    assert "no bf16 kernel" in ref.bf16_error and set(overrides) == {"reference"} and ref.bf16 is False
+    with pytest.raises(RuntimeError, match="no bf16 kernel"):
+        run_reference(args, (ref, overrides), "reference", (None, 1, 1, None))
+
+
 def test_count_overrides_pick_a_threshold_between_the_nth_and_next_score():
     scores = [0.9, 0.8, 0.5, 0.4]
     overrides, note = count_overrides(scores, 2)

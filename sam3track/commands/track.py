@@ -166,7 +166,8 @@ def _add_backend_options(track: argparse.ArgumentParser) -> None:
     track.add_argument("--weights", default=None, choices=("fp32", "fp16"),
                        help="onnxruntime or openvino, on the CPU: fp32 (default), or fp16: weights kept in "
                             "fp16, about half their memory (full size, onnxruntime: 2.4 instead of 3.5 GB at "
-                            "one object), results within fp16 rounding")
+                            "one object), results within fp16 rounding (with --precision bf16 objects found "
+                            "may differ)")
     track.add_argument("--threads", type=int_at_least(1), default=None, metavar="N",
                        help="intra-op threads for the backend (default: the backend's own, every core)")
     track.add_argument("--set", type=setting, action="append", default=[], metavar="NAME=VALUE",
