@@ -74,8 +74,9 @@ class Predictor:
         {axis: sizes} pads every call to those sizes, so CPU runs take the Ascend padding path.
         compile_cache: None (default: on, unless SAM3TRACK_COMPILE_CACHE=0), True, False, or a folder:
         where optimised graphs and checked sha256s are kept between loads (docs/speed.md, "Load time").
-        release_text_encoder (ONNX Runtime, compile cache on): free the text encoder after each prompt
-        and open it again from the cache at the next (about 0.8 s at full size): None (default) when its
+        release_text_encoder (ONNX Runtime, or OpenVINO with dynamic shapes; compile cache on): free the
+        text encoder after each prompt and open it again from the cache at the next (about 0.8 s at full
+        size): None (default) when its
         weights are 512 MiB or more (the full-size model's 1.2 GB then stay out of every frame's peak),
         True always, False never."""
         if not isinstance(bundle_dir, (str, os.PathLike)):
