@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from sam3track.commands.common import EXIT_ERROR, EXIT_OK, Paragraphs, int_at_least, setting
-from sam3track.jobs.interrupts import exit_code_for
+from sam3track.jobs.interrupts import InterruptGuard, exit_code_for
 from sam3track.errors import Sam3TrackError
 from sam3track.progress import progress_bar
 
@@ -68,7 +68,7 @@ class _Shown:
 
 
 def run_batch(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None = None) -> int:
-    from sam3track.batch import LEDGER_NAME, track_videos
+    from sam3track.batch import LEDGER_NAME
     from sam3track.batch.storage import absolute, join
 
     out = out or sys.stdout
@@ -76,6 +76,20 @@ def run_batch(args: argparse.Namespace, out: TextIO | None = None, err: TextIO |
     rows: list = []
     shown = _Shown(err, progress_bar(None, "tracking", "frame", err, dynamic_ncols=True))
     started = time.perf_counter()
+    try:
+        with InterruptGuard():  # SIGINT and SIGTERM stop the batch cleanly, as they stop `track`, even where
+            return _run(args, out, err, shown, rows, started)  # the shell started it with SIGINT ignored
+    except KeyboardInterrupt as e:
+        shown.close()
+        done = sum(1 for s in rows if s.done)
+        print(f"interrupted: {done} videos done are in the ledger {join(absolute(args.out), LEDGER_NAME)}; "
+              f"run the same command again to finish the others", file=err)
+        return exit_code_for(e)
+
+
+def _run(args: argparse.Namespace, out: TextIO, err: TextIO, shown: "_Shown", rows: list, started: float) -> int:
+    from sam3track.batch import track_videos
+
     try:
         results = track_videos(
             args.inputs, args.prompt, args.bundle, args.out, workers=args.workers,
@@ -88,12 +102,6 @@ def run_batch(args: argparse.Namespace, out: TextIO | None = None, err: TextIO |
                 rows.append(summary)
         finally:
             results.close()  # on Ctrl-C: the workers are stopped, the ledger closed
-    except KeyboardInterrupt as e:
-        shown.close()
-        done = sum(1 for s in rows if s.done)
-        print(f"interrupted: {done} videos done are in the ledger {join(absolute(args.out), LEDGER_NAME)}; "
-              f"run the same command again to finish the others", file=err)
-        return exit_code_for(e)
     except Sam3TrackError as e:
         shown.close()
         print(f"error: {e}", file=err)
