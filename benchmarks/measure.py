@@ -303,12 +303,10 @@ class Reference:
 def bf16_cpu() -> str | None:
     """None where this CPU computes bf16 natively (AVX512-BF16 or AMX, as torch's oneDNN needs for the
     autocast reference to be a fast path), else why not."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            flags = next(line for line in f if line.startswith("flags")).split()
-    except (OSError, StopIteration):
-        return "no /proc/cpuinfo to read the CPU's flags from"
-    if "avx512_bf16" in flags or "amx_bf16" in flags:
+    from sam3track.backend_choice import cpu_identity
+
+    flags = set(cpu_identity().split())
+    if flags & {"avx512_bf16", "amx_bf16"}:
         return None
     return "this CPU lists neither AVX512-BF16 nor AMX: autocast bf16 would be emulated, not the reference's fast path"
 
