@@ -39,6 +39,9 @@ VARIANTS = {
     # static shapes: each graph compiled again per distinct call shape (in the warm-up run), faster calls
     "openvino-fp32-static": {"bundle": "fp32", "backend": "openvino", "precision": "fp32", "shapes": "static"},
     "openvino-bf16-static": {"bundle": "fp32", "backend": "openvino", "precision": "bf16", "shapes": "static"},
+    # static shapes at every call's own sizes (no padding to call_sizes.static_gears): more compiles
+    "openvino-bf16-static-exact": {"bundle": "fp32", "backend": "openvino", "precision": "bf16", "shapes": "static",
+                                   "gears": {}},
     "ort-int8": {"bundle": "int8", "backend": "onnxruntime"},
     # weights kept in fp16, computed in fp32 (sam3track/backends/fp16_weights.py): the memory-light path
     "ort-fp16-weights": {"bundle": "fp32", "backend": "onnxruntime", "weights": "fp16"},
@@ -164,8 +167,7 @@ def load_variant(name: str, bundles: dict, overrides: dict, threads: int | None)
         if "precision" not in inspect.signature(Predictor.load).parameters:
             raise Unavailable("sam3track.load has no precision= option in this checkout")
         options["precision"] = spec["precision"]
-        if "shapes" in spec:
-            options["shapes"] = spec["shapes"]
+        options.update({k: spec[k] for k in ("shapes", "gears") if k in spec})
     if "weights" in spec:
         options["weights"] = spec["weights"]
     try:

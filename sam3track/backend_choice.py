@@ -84,7 +84,7 @@ def choose(bundle, device: str, threads: int | None, precision: str | None, shap
     if precision is not None or shapes is not None:
         return Choice("openvino", _asked(precision, shapes, weights), "precision=/shapes= are OpenVINO options")
     if gears is not None:
-        return Choice("onnxruntime", {}, "gears= is an ONNX Runtime option")
+        return Choice("onnxruntime", {}, "gears= given (without shapes=): ONNX Runtime pads its calls to them")
     device = str(device)
     if device.startswith("npu"):
         return Choice("acl", {}, f"device {device}: an OM bundle on pyacl")

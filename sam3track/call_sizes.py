@@ -47,6 +47,24 @@ def default_gears(config) -> dict[str, tuple[int, ...]]:
     return {**DEFAULT_GEARS, **{axis: (size,) for axis, size in config.capacities().items()}}
 
 
+def static_gears(config) -> dict[str, tuple[int, ...]]:
+    """The sizes OpenVINO's shapes="static" pads calls to, so that it compiles a few shapes per graph
+    rather than one per object count and memory depth: objects and prompts as DEFAULT_GEARS (more run as
+    chunks); memories and pointers per object in powers of two, with the steady state of an object
+    tracked from one conditioning frame (num_maskmem memories, max_object_pointers_in_encoder pointers)
+    and the capacities exact. Padding is masked (memory_valid, pointer_valid), so results are unchanged.
+    Points (never padded) and the pools (they grow) run at their own sizes."""
+    caps = config.capacities()
+
+    def powers_and(*exact: int) -> tuple[int, ...]:
+        top = max(exact)
+        return tuple(sorted({2 ** i for i in range(top.bit_length()) if 2 ** i < top} | set(exact)))
+
+    return {"objects": DEFAULT_GEARS["objects"], "prompts": DEFAULT_GEARS["prompts"],
+            "memories": powers_and(config.num_maskmem, caps["memories"]),
+            "pointers": powers_and(config.max_object_pointers_in_encoder, caps["pointers"])}
+
+
 def objects_per_call(config, budget_bytes: int) -> int:
     """How many objects one propagation_decoder call holds within `budget_bytes`: per object, the
     memory attention's scores from every image token to every memory and pointer token at the

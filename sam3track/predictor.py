@@ -13,7 +13,7 @@ from .backend_choice import Choice, choose
 from .backends import create_backend
 from .backends.compile_cache import CompileCache
 from .bundle import Bundle
-from .call_sizes import available_memory, default_gears, objects_per_call
+from .call_sizes import available_memory, default_gears, objects_per_call, static_gears
 from .families.sam3.config import TrackerConfig
 from .errors import BundleError, CapacityWarning, SessionClosedError, VideoError
 from .session_base import check_frame_size
@@ -70,8 +70,9 @@ class Predictor:
         was lost on auto's gate clip); not checked by the fidelity gate: asked for, never chosen by
         "auto" (docs/speed.md "Memory at full size"). With precision= or shapes= it runs on OpenVINO,
         else on ONNX Runtime.
-        gears (onnxruntime only): "compiled" runs an OM bundle's gears on ONNX Runtime, or
-        {axis: sizes} pads every call to those sizes, so CPU runs take the Ascend padding path.
+        gears (onnxruntime, openvino): "compiled" runs an OM bundle's gears, or {axis: sizes} pads every
+        call to those sizes, so CPU runs take the Ascend padding path. OpenVINO with shapes="static" pads
+        to call_sizes.static_gears by default (a few compiles per graph, not one per object count).
         compile_cache: None (default: on, unless SAM3TRACK_COMPILE_CACHE=0), True, False, or a folder:
         where optimised graphs and checked sha256s are kept between loads (docs/speed.md, "Load time").
         release_text_encoder (ONNX Runtime, or OpenVINO with dynamic shapes; compile cache on): free the
@@ -101,6 +102,8 @@ class Predictor:
         if gears is None and backend in ("onnxruntime", "ort") and str(device).startswith("cann") \
                 and isinstance(config, TrackerConfig):
             gears = default_gears(config)  # CANN compiles every new shape again: a few planned ones
+        if gears is None and backend in ("openvino", "ov") and shapes == "static" and isinstance(config, TrackerConfig):
+            gears = static_gears(config)  # a compile per new call shape: a few planned ones
         if gears is not None:
             options["gears"] = gears
         elif backend in ("onnxruntime", "ort") and str(device).partition(":")[0] == "cpu" \

@@ -7,9 +7,12 @@ openvino is a test dependency (the `test` extra): without it these tests fail, n
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import gc
+import json
 import signal
 import sys
+from pathlib import Path
 
 import numpy as np
 import openvino as ov  # noqa: F401  a missing openvino fails this module, never skips it
@@ -187,6 +190,33 @@ def test_static_shapes_compile_once_per_shape_and_give_the_same_results(tmp_path
         create_backend("openvino", "cpu", shapes="fixed")
     with pytest.raises(Sam3TrackError, match="shapes= is an openvino option"):
         create_backend("onnxruntime", "cpu", shapes="static")
+
+
+def test_static_gears_pad_calls_and_never_refuse_a_size(tmp_path):
+    """gears= on OpenVINO: a call runs at the smallest gear that holds it; past the largest one, an axis
+    the frame loop splits (objects) runs as chunks of it, and an axis one call must hold (memories) runs
+    at its own size rather than being refused as on an OM bundle."""
+    from sam3track.call_sizes import chunks, fixed_size, static_gears
+    from sam3track.families.sam3.config import TrackerConfig
+
+    b = create_backend("openvino", "cpu", shapes="static", gears={"objects": [1, 2, 4], "memories": [1, 2, 7]})
+    graph = b.load("batch", batch_graph(tmp_path))
+    assert [b.plan(graph, "objects", n) for n in (1, 3, 4, 9)] == [1, 4, 4, 4]
+    assert [(c.count, c.size) for c in chunks(b, graph, "objects", 9)] == [(4, 4), (4, 4), (1, 1)]
+    assert [b.plan(graph, "memories", n) for n in (2, 3, 7, 9)] == [2, 7, 7, 9]
+    assert fixed_size(b, graph, "memories", 9, "frame 3", "") == 9
+    assert b.plan(graph, "points", 5) == 5  # no gears: every call at its own size
+    b.close()
+    with pytest.raises(Sam3TrackError, match="gears must be None, 'compiled' or"):
+        create_backend("openvino", "cpu", gears={"objects": [0]})
+
+    manifest = json.loads((Path(sam3track.__file__).parent / "demo_bundle" / "manifest.json").read_text())
+    config = dataclasses.replace(TrackerConfig.from_manifest(manifest), num_maskmem=7, max_cond_frame_num=4,
+                                 max_object_pointers_in_encoder=16, max_conditioning_frames=16)
+    gears = static_gears(config)
+    assert gears["memories"] == (1, 2, 4, 7, 8, 10)  # powers of two, the steady state of one conditioning frame, the cap
+    assert gears["pointers"] == (1, 2, 4, 8, 16, 31)
+    assert gears["objects"] == (1, 2, 4, 8, 16) and "points" not in gears and "memory_rows" not in gears
 
 def test_outputs_go_straight_into_a_pool_view(backend, tmp_path):
     graph = backend.load("batch", batch_graph(tmp_path))
@@ -630,6 +660,11 @@ def test_static_shapes_track_the_clip_as_onnxruntime(mode, tiny_bundle, bikes_fr
     assert all(g.compiled is None for g in graphs.values())
     assert len(graphs["propagation_decoder"].static) > 1  # objects, memories and pointers changed over the clip
     assert sum(len(g.static) for g in graphs.values()) < sum(predictor.backend.calls.values())
+    gears = graphs["propagation_decoder"].sizes  # call_sizes.static_gears: every compile at a planned size
+    names = graphs["propagation_decoder"].input_names
+    for shapes in graphs["propagation_decoder"].static:
+        (objects, memories), (_, pointers) = (shapes[names.index("memory_index")], shapes[names.index("pointer_index")])
+        assert objects in gears["objects"] and memories in gears["memories"] and pointers in gears["pointers"]
     predictor.close()
     for a, b in zip(ort_run, ov_run):
         assert b.object_ids.tolist() == a.object_ids.tolist(), f"frame {a.frame_index}"

@@ -13,7 +13,8 @@ def create_backend(name: str, device: str = "cpu", **options) -> Backend:
     intra_op_num_threads, OpenVINO's INFERENCE_NUM_THREADS; acl accepts and ignores it; None: the
     backend's own default, every core); compile_cache (a compile_cache.CompileCache of the bundle, made by
     the predictor: the folder of optimised graphs and the graphs to defer; acl ignores it). Backend-
-    specific: gears (onnxruntime), weights (onnxruntime, openvino), precision, shapes and cache_dir (openvino)."""
+    specific: gears (onnxruntime, openvino), weights (onnxruntime, openvino), precision, shapes and cache_dir
+    (openvino)."""
     threads = options.get("threads")
     if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
         raise Sam3TrackError(f"threads must be a whole number >= 1, or None for the backend's default; "
@@ -48,15 +49,15 @@ def create_backend(name: str, device: str = "cpu", **options) -> Backend:
         except ImportError as exc:
             raise Sam3TrackError(f"backend='openvino' needs the openvino package ({exc}); "
                                  "pip install 'sam3track[openvino]'") from exc
-        _refuse(name, options, {"threads", "precision", "cache_dir", "shapes", "compile_cache", "weights"},
-                "gears= is an onnxruntime option: the openvino backend runs every call at its own size")
+        _refuse(name, options, {"threads", "precision", "cache_dir", "shapes", "compile_cache", "weights", "gears"},
+                "device= and the acl options are not openvino's")
         return OpenVinoBackend(device=device, **options)
     if name == "acl":
         from .acl import AclBackend
 
         options.pop("compile_cache", None)  # an OM bundle is compiled already
         _refuse(name, options, {"threads"}, "it runs the gears compiled into the OM bundle; gears= is an "
-                                            "onnxruntime option")
+                                            "onnxruntime and openvino option")
         return AclBackend(device=device, **options)
     raise Sam3TrackError(f"unknown backend {name!r}; available here: {', '.join(BACKENDS)}")
 

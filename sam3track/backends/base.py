@@ -13,6 +13,8 @@ from typing import Any
 
 import numpy as np
 
+from ..errors import BackendError, BundleError, Sam3TrackError
+
 
 @dataclass
 class DeviceTensor:
@@ -51,6 +53,37 @@ class Graph(ABC):
     # axis name -> the sizes this graph runs at, ascending (an OM model's gears); an axis not listed
     # runs at any size
     sizes: dict[str, tuple[int, ...]]
+
+
+def check_gears(gears):
+    """The gears= option of a backend that pads calls: {} (None), "compiled" (an OM bundle's gears), or
+    {axis: ascending sizes}; anything else is one clear error."""
+    if gears is None:
+        return {}
+    if gears == "compiled":
+        return gears
+    if not isinstance(gears, dict) or not all(
+            isinstance(axis, str) and isinstance(sizes, (list, tuple)) and sizes
+            and all(isinstance(s, int) and not isinstance(s, bool) and s >= 1 for s in sizes)
+            for axis, sizes in gears.items()):
+        raise Sam3TrackError(f"gears must be None, 'compiled' or {{axis: [sizes >= 1]}}, e.g. "
+                             f"{{'objects': [1, 2, 4, 8]}}; not {gears!r}")
+    return {axis: tuple(sorted(set(sizes))) for axis, sizes in gears.items()}
+
+
+def graph_gears(gears, name: str, compiled: dict | None) -> dict[str, tuple[int, ...]]:
+    """The sizes graph `name` runs at, given a checked gears= option and its OM compile entry (None for a
+    plain bundle): "compiled" takes the OM bundle's gears; otherwise the option's, with the OM graph's
+    fixed axes (its ATC-ready graph is static there)."""
+    if gears == "compiled":
+        if compiled is None:
+            raise BundleError(f"gears='compiled' needs an OM bundle (python -m om.convert); graph {name} of "
+                              "this bundle has no compiled gears")
+        return {axis: tuple(sizes) for axis, sizes in compiled["axes"].items()}
+    out = dict(gears)
+    if compiled is not None:
+        out.update({axis: tuple(sizes) for axis, sizes in compiled["axes"].items() if len(sizes) == 1})
+    return out
 
 
 class Backend(ABC):
@@ -114,8 +147,6 @@ class Backend(ABC):
     def reshape(self, tensor: DeviceTensor, shape: tuple[int, ...]) -> DeviceTensor:
         """The same contiguous memory seen with another shape of equal size (no copy)."""
         if int(np.prod(shape, dtype=np.int64)) != int(np.prod(tensor.shape, dtype=np.int64)):
-            from ..errors import BackendError
-
             raise BackendError(f"internal error: cannot view {tensor.shape} as {shape}; please report this")
         return DeviceTensor(tuple(shape), tensor.dtype, tensor.handle)
 

@@ -19,7 +19,7 @@ import numpy as np
 
 from .. import load_notice
 from ..errors import BackendError, BundleError, Sam3TrackError
-from .base import Backend, DeviceTensor, Graph
+from .base import Backend, DeviceTensor, Graph, check_gears, graph_gears
 
 # device -> (execution provider, where OrtValues live). CANN keeps tensors in host memory here: its
 # provider copies them in per run (IOBinding to "cann" OrtValues is not offered by the public wheel
@@ -109,7 +109,7 @@ class OnnxRuntimeBackend(Backend):
         slower frames)."""
         super().__init__()
         self._cache = compile_cache
-        self._gears = _check_gears(gears)
+        self._gears = check_gears(gears)
         import onnxruntime as ort
 
         device, _, index = device.partition(":")
@@ -154,15 +154,7 @@ class OnnxRuntimeBackend(Backend):
 
     def load(self, name: str, path: str, compiled: dict | None = None) -> OrtGraph:
         self._check_open()
-        if self._gears == "compiled":
-            if compiled is None:
-                raise BundleError(f"gears='compiled' needs an OM bundle (python -m om.convert); graph {name} of "
-                                  "this bundle has no compiled gears")
-            gears = {axis: tuple(sizes) for axis, sizes in compiled["axes"].items()}
-        else:
-            gears = dict(self._gears)
-            if compiled is not None:  # an OM bundle's ATC-ready graph is static on its fixed axes
-                gears.update({axis: tuple(sizes) for axis, sizes in compiled["axes"].items() if len(sizes) == 1})
+        gears = graph_gears(self._gears, name, compiled)
         cache = self._cache
         entry = cache.ort_entry(self._ort, name, self._providers, self._weights) if cache is not None else None
         hit = cache.ort_lookup(entry) if entry is not None else None
@@ -537,20 +529,6 @@ class OnnxRuntimeBackend(Backend):
             storage.ortvalue = None
         self.closed = True
         _return_freed_heap()
-
-
-def _check_gears(gears):
-    if gears is None:
-        return {}
-    if gears == "compiled":
-        return gears
-    if not isinstance(gears, dict) or not all(
-            isinstance(axis, str) and isinstance(sizes, (list, tuple)) and sizes
-            and all(isinstance(s, int) and not isinstance(s, bool) and s >= 1 for s in sizes)
-            for axis, sizes in gears.items()):
-        raise Sam3TrackError(f"gears must be None, 'compiled' or {{axis: [sizes >= 1]}}, e.g. "
-                             f"{{'objects': [1, 2, 4, 8]}}; not {gears!r}")
-    return {axis: tuple(sorted(set(sizes))) for axis, sizes in gears.items()}
 
 
 _ORT_TO_NUMPY = {

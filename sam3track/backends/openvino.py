@@ -24,7 +24,7 @@ import openvino as ov
 
 from .. import load_notice
 from ..errors import BackendError, BundleError, Sam3TrackError
-from .base import Backend, DeviceTensor, Graph
+from .base import Backend, DeviceTensor, Graph, check_gears, graph_gears
 from .compile_cache import STATS as CACHE_STATS
 
 _VERSION = ov.__version__.split("-")[0]  # "2026.4.1" of "2026.4.1-22982-...-releases/2026/4"
@@ -34,6 +34,9 @@ WEIGHTS = ("fp32", "fp16")
 _HINTS = {"fp32": "f32", "bf16": "bf16"}
 
 
+# Axes the frame loop splits into chunks of the largest planned size (call_sizes.chunks); every other
+# axis must hold a call's n in one run (call_sizes.fixed_size)
+SPLIT_AXES = ("objects", "prompts", "buckets")
 MAX_STATIC_SHAPES = 32  # per graph, with shapes="static": compiled models kept (each holds its own weights)
 
 
@@ -133,7 +136,7 @@ class OpenVinoBackend(Backend):
 
     def __init__(self, device: str = "cpu", threads: int | None = None, precision: str | None = None,
                  cache_dir: str | os.PathLike | None = None, shapes: str | None = None, compile_cache=None,
-                 weights: str = "fp32"):
+                 weights: str = "fp32", gears=None):
         """device: "cpu". threads: OpenVINO's INFERENCE_NUM_THREADS (None: OpenVINO's default, every
         core). precision: "fp32" (default) or "bf16" (CPUs whose OPTIMIZATION_CAPABILITIES list BF16:
         AMX, AVX512-BF16). cache_dir: a folder for OpenVINO's compiled-model cache, one subfolder per
@@ -142,8 +145,12 @@ class OpenVinoBackend(Backend):
         distinct input shapes, faster runs; see the module docstring). compile_cache: the load's
         compile_cache.CompileCache: its folder of the bundle is the CACHE_DIR when cache_dir is unset,
         and its deferred graphs are compiled at their first run. weights: "fp32" (default: as the bundle
-        stores them) or "fp16" (each weight kept in fp16 behind a Convert: store_weights_in_fp16)."""
+        stores them) or "fp16" (each weight kept in fp16 behind a Convert: store_weights_in_fp16).
+        gears: None, "compiled" (an OM bundle's) or {axis: sizes}: calls padded up to those sizes, so that
+        static shapes compile a bounded set (the predictor gives shapes="static" call_sizes.static_gears);
+        past the largest size an axis runs as chunks where the caller splits it, else at its own size."""
         super().__init__()
+        self._gears = check_gears(gears)
         shapes = "dynamic" if shapes is None else shapes
         if shapes not in SHAPES:
             raise Sam3TrackError(f"unknown shapes {shapes!r} for openvino; use one of {', '.join(SHAPES)}")
@@ -195,9 +202,7 @@ class OpenVinoBackend(Backend):
 
     def load(self, name: str, path: str, compiled: dict | None = None) -> OvGraph:
         self._check_open()
-        gears = {}
-        if compiled is not None:  # an OM bundle's ATC-ready graph is static on its fixed axes
-            gears = {axis: tuple(sizes) for axis, sizes in compiled["axes"].items() if len(sizes) == 1}
+        gears = graph_gears(self._gears, name, compiled)
         started = time.perf_counter()
         model = self._read(name, path)
         if self.shapes == "static":  # compiled per call shapes, at first use (OvGraph.request_for)
@@ -223,6 +228,14 @@ class OpenVinoBackend(Backend):
         self.compile_seconds[name] = time.perf_counter() - started
         self._graphs.append(graph)
         return graph
+
+    def plan(self, graph: Graph, axis: str, n: int) -> int:
+        """As Backend.plan, but n past the largest gear runs at n on an axis an OM bundle does not fix:
+        OpenVINO compiles any shape, so a gear is a size to pad to, never a limit (a call that cannot be
+        split, such as memories per object, is not refused)."""
+        size = super().plan(graph, axis, n)
+        opened = isinstance(self._gears, dict) and axis in self._gears and axis not in SPLIT_AXES
+        return n if size < n and opened else size
 
     def _read(self, name: str, path: str):
         """The graph as OpenVINO reads it, its weights stored as weights= asks."""
