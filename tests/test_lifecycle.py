@@ -124,19 +124,20 @@ def test_closing_an_onnxruntime_backend_hands_freed_heap_back(tiny_bundle, monke
     a cache entry left 3.5 GB resident after close() (docs/speed.md, "Memory at full size"). close()
     hands them back (malloc_trim), after the sessions are released."""
     from sam3track.backends import onnxruntime as ort_backend
+    from sam3track.backends import ort_sessions
 
     calls = []
-    monkeypatch.setattr(ort_backend, "_return_freed_heap", lambda: calls.append(p.backend.closed))
+    monkeypatch.setattr(ort_backend, "return_freed_heap", lambda: calls.append(p.backend.closed))
     p = sam3track.load(tiny_bundle, backend="onnxruntime")
     assert calls == []
     p.close()
     assert calls == [True]
-    ort_backend._MALLOC_TRIM = None
+    ort_sessions._MALLOC_TRIM = None
     monkeypatch.undo()
-    ort_backend._return_freed_heap()  # the real call, where there is one
+    ort_sessions.return_freed_heap()  # the real call, where there is one
     import platform
 
     if platform.libc_ver()[0] == "glibc":
-        assert callable(ort_backend._MALLOC_TRIM)
+        assert callable(ort_sessions._MALLOC_TRIM)
     else:
-        assert ort_backend._MALLOC_TRIM is False
+        assert ort_sessions._MALLOC_TRIM is False

@@ -1,15 +1,14 @@
 """ONNX Runtime backend: IOBinding with OrtValues, so features and memory stay on the device.
 
 Views into pools are bound by raw pointer (base + row offset), so a graph writes its outputs straight
-into the memory bank's pools and reads them back without any copy. Graphs open from the compile cache
-(compile_cache.py) when the load gives one; the graphs it defers get their session at their first run.
+into the memory bank's pools and reads them back without any copy. Sessions are made by ort_sessions.py
+(from the compile cache when the load gives one); the graphs it defers get their session at their first run,
+and a released graph is freed after its run and opened again at its next.
 """
 
 from __future__ import annotations
 
 import os
-import shutil
-import sys
 import threading
 import time
 import weakref
@@ -20,6 +19,7 @@ import numpy as np
 from .. import load_notice
 from ..errors import BackendError, BundleError, Sam3TrackError
 from .base import Backend, DeviceTensor, Graph, check_gears, graph_gears
+from .ort_sessions import SessionMaker, return_freed_heap
 
 # device -> (execution provider, where OrtValues live). CANN keeps tensors in host memory here: its
 # provider copies them in per run (IOBinding to "cann" OrtValues is not offered by the public wheel
@@ -128,11 +128,9 @@ class OnnxRuntimeBackend(Backend):
         self.device_id = int(index or 0)
         self._ort = ort
         self._providers = [provider] if provider == "CPUExecutionProvider" else [provider, "CPUExecutionProvider"]
-        self._options = ort.SessionOptions()  # the settings every session gets (_session_options)
-        self._options.log_severity_level = 3
         threads = threads or DEFAULT_THREADS or threads_within_affinity()
-        if threads:
-            self._options.intra_op_num_threads = threads
+        self._sessions = SessionMaker(ort, self._providers, threads, compile_cache, weights,
+                                      _INSTALL_HINTS.get(provider, ""))
         self._run_options = ort.RunOptions()
         if provider == "CPUExecutionProvider":
             # Each session's arena hands back what a run took beyond its first chunk: arenas otherwise
@@ -158,135 +156,18 @@ class OnnxRuntimeBackend(Backend):
         cache = self._cache
         entry = cache.ort_entry(self._ort, name, self._providers, self._weights) if cache is not None else None
         hit = cache.ort_lookup(entry) if entry is not None else None
-        make = self._optimise if self._weights == "fp32" else self._store_fp16
         saved = (path, entry) if entry is not None and name in cache.released else None
         if hit is None:
-            graph = OrtGraph(name, make(name, path, entry), gears, saved=saved)
+            graph = OrtGraph(name, self._sessions.make(name, path, entry), gears, saved=saved)
             if saved is not None:  # saved now: freed until its first run, as after a warm load
                 self._free(graph)
         elif name in cache.deferred or saved is not None:  # checked now, its session made at the first run
-            graph = OrtGraph(name, None, gears, hit[1], opener=lambda: self._open_saved(name, path, entry, hit[0]),
+            graph = OrtGraph(name, None, gears, hit[1], opener=lambda: self._sessions.open_saved(name, path, entry, hit[0]),
                              saved=saved)
         else:
-            graph = OrtGraph(name, self._open_saved(name, path, entry, hit[0]), gears)
+            graph = OrtGraph(name, self._sessions.open_saved(name, path, entry, hit[0]), gears)
         self._graphs.append(graph)
         return graph
-
-    def _session_options(self, optimise: bool):
-        options = self._ort.SessionOptions()  # a fresh one per session: saving and levels differ per graph
-        options.log_severity_level = self._options.log_severity_level
-        options.intra_op_num_threads = self._options.intra_op_num_threads
-        if not optimise:  # a graph the compile cache saved optimised already
-            options.graph_optimization_level = self._ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-            if self._weights == "fp16":  # each cast's fp32 copy made just before its consumer, not all at first
-                options.execution_order = self._ort.ExecutionOrder.PRIORITY_BASED
-        return options
-
-    def _open_saved(self, name: str, path: str, entry, model: str):
-        """The session of the optimised graph the compile cache saved; one that does not open is removed
-        from the cache and the graph optimised from `path` again."""
-        self._cache.mark_used(entry)  # a deferred graph opens it long after the load stamped it
-        try:
-            session = self._ort.InferenceSession(model, sess_options=self._session_options(False),
-                                                 providers=self._providers)
-        except Exception as exc:  # a damaged entry is a miss, never a failed load
-            self._cache.drop(model, str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
-            return (self._optimise if self._weights == "fp32" else self._store_fp16)(name, path, entry)
-        return self._checked(name, session)
-
-    def _store_fp16(self, name: str, path: str, entry):
-        """The session of graph `path` with its weights in fp16 (fp16_weights.py): optimised in fp32
-        first (from the cache when it has it), rewritten, saved into `entry` (or, with no cache, a
-        scratch folder removed as soon as the session has mapped it) and opened from there."""
-        import tempfile
-
-        from .fp16_weights import convert
-
-        optimised, scratch = self._optimised_file(name, path)
-        writer, folder = None, None
-        try:
-            with load_notice.step(f"storing graph {name}'s weights in fp16"):
-                writer = self._cache.ort_writer(entry) if entry is not None else None
-                folder = writer.temp if writer is not None else tempfile.mkdtemp(prefix=f"sam3track-fp16-{name}-")
-                convert(optimised, Path(folder))
-                session = self._ort.InferenceSession(str(Path(folder) / "model.onnx"),
-                                                     sess_options=self._session_options(False),
-                                                     providers=self._providers)
-        except Exception as exc:
-            if writer is not None:
-                writer.abandon()
-            raise BundleError(f"onnxruntime cannot keep graph {name}'s weights in fp16 ({exc}); load it "
-                              "with weights='fp32'") from exc
-        finally:
-            _remove(scratch)
-            if writer is None:
-                _remove(folder)  # ONNX Runtime has mapped its files: they live on until the session goes
-        if writer is not None:
-            writer.commit(session, path)  # the mapped files follow their folder's rename
-        return self._checked(name, session)
-
-    def _optimised_file(self, name: str, path: str) -> tuple[str, str | None]:
-        """Graph `path` optimised in fp32 and saved: the cache's entry (written now on a miss), or a
-        file in a scratch folder (returned second, for the caller to remove) when there is no cache.
-        Its session is not kept."""
-        import tempfile
-
-        from .compile_cache import configure_saving
-
-        cache = self._cache
-        entry = cache.ort_entry(self._ort, name, self._providers) if cache is not None else None
-        hit = cache.ort_lookup(entry) if entry is not None else None
-        if hit is None and entry is not None:
-            self._optimise(name, path, entry)  # its session dropped at once: only the saved file is read
-            _return_freed_heap()
-            hit = cache.ort_lookup(entry)
-        if hit is not None:
-            return hit[0], None
-        folder = Path(tempfile.mkdtemp(prefix=f"sam3track-fp32-{name}-"))
-        try:
-            options = self._session_options(True)
-            configure_saving(options, folder, prepacked=False)
-            with load_notice.step(f"optimising graph {name} for ONNX Runtime"):
-                self._ort.InferenceSession(path, sess_options=options, providers=self._providers)
-        except BaseException as exc:
-            _remove(str(folder))
-            if isinstance(exc, Exception):
-                raise BundleError(f"onnxruntime cannot load graph {name} from {path}: {exc}") from exc
-            raise
-        _return_freed_heap()
-        return str(folder / "model.onnx"), str(folder)
-
-    def _optimise(self, name: str, path: str, entry):
-        """The session of graph `path`, optimised now (and saved into the compile cache's `entry`)."""
-        writer = self._cache.ort_writer(entry) if entry is not None else None
-        where = f" into the cache {entry.parent} (once per bundle, ONNX Runtime version and CPU)" if writer else ""
-        try:
-            with load_notice.step(f"optimising graph {name} for ONNX Runtime{where}"):
-                options = self._session_options(True)
-                if writer is not None:
-                    writer.configure(options)
-                try:
-                    session = self._ort.InferenceSession(path, sess_options=options, providers=self._providers)
-                except Exception:
-                    if writer is None:
-                        raise
-                    writer.abandon()  # perhaps the saving that failed (a full disk): once more without it
-                    writer = None
-                    session = self._ort.InferenceSession(path, sess_options=self._session_options(True),
-                                                         providers=self._providers)
-        except Exception as exc:
-            raise BundleError(f"onnxruntime cannot load graph {name} from {path}: {exc}") from exc
-        if writer is not None:
-            writer.commit(session, path)
-        return self._checked(name, session)
-
-    def _checked(self, name: str, session):
-        # ONNX Runtime falls back to the CPU, with only a log line, when a provider's libraries are
-        # missing (onnxruntime-cann without libascendcl.so: ascend.md section 5); never run there silently.
-        if session.get_providers()[0] != self.provider:
-            raise BackendError(f"onnxruntime could not start {self.provider} for graph {name} and fell back to "
-                               f"{', '.join(session.get_providers())}; {_INSTALL_HINTS.get(self.provider, '')}")
-        return session
 
     def _session_of(self, graph: OrtGraph):
         """The graph's session, made now when the load deferred it (or a release freed it); a released
@@ -488,7 +369,7 @@ class OnnxRuntimeBackend(Backend):
         if freed:
             with self._waiting_lock:
                 self._waiting = [g for g in self._waiting if g not in freed]
-            _return_freed_heap()
+            return_freed_heap()
 
     def _free(self, graph: OrtGraph) -> bool:
         """Drop a released graph's session (its weights, its arena) until its next run opens it from the
@@ -499,24 +380,8 @@ class OnnxRuntimeBackend(Backend):
                 return False
             if graph.session is not None and (entry / "model.onnx").is_file():
                 graph.session = None
-                graph.opener = lambda: self._reopen(graph.name, path, entry)
+                graph.opener = lambda: self._sessions.reopen(graph.name, path, entry)
         return True
-
-    def _reopen(self, name: str, path: str, entry: Path):
-        """A released graph's session from its cache entry again. An entry gone or changed (pruned by
-        another process) is made again from the bundle; a whole one that will not open (out of memory,
-        out of file handles) is an error, and stays."""
-        hit = self._cache.ort_lookup(entry)
-        if hit is None:
-            return (self._optimise if self._weights == "fp32" else self._store_fp16)(name, path, entry)
-        try:
-            session = self._ort.InferenceSession(hit[0], sess_options=self._session_options(False),
-                                                 providers=self._providers)
-        except Exception as exc:
-            raise BackendError(f"onnxruntime could not open graph {name} again from the compile cache {entry} "
-                               f"({str(exc).splitlines()[0] if str(exc) else type(exc).__name__}); free memory, or "
-                               "load with release_text_encoder=False to keep it open") from exc
-        return self._checked(name, session)
 
     def close(self) -> None:
         for graph in self._graphs:
@@ -528,35 +393,10 @@ class OnnxRuntimeBackend(Backend):
         for storage in list(self._storages):
             storage.ortvalue = None
         self.closed = True
-        _return_freed_heap()
+        return_freed_heap()
 
 
 _ORT_TO_NUMPY = {
     "tensor(float)": np.float32, "tensor(float16)": np.float16, "tensor(int64)": np.int64,
     "tensor(int32)": np.int32, "tensor(bool)": np.bool_, "tensor(uint8)": np.uint8, "tensor(double)": np.float64,
 }
-
-
-_MALLOC_TRIM = None
-
-
-def _remove(folder) -> None:
-    if folder is not None:
-        shutil.rmtree(folder, ignore_errors=True)
-
-
-def _return_freed_heap() -> None:
-    """Hand the C heap's free pages back to the system (glibc's malloc_trim; nothing elsewhere). The
-    sessions of graphs optimised at load keep their weights in heap memory that glibc keeps for the life
-    of the process once freed: after close() of a full-size predictor loaded without a cache entry, 3.5 GB
-    stayed resident (a server that loads and closes bundles would grow by that much each time)."""
-    global _MALLOC_TRIM
-    if _MALLOC_TRIM is None:
-        import ctypes
-
-        try:  # the C library this process already has (no search for it)
-            _MALLOC_TRIM = ctypes.CDLL(None).malloc_trim if sys.platform.startswith("linux") else False
-        except (OSError, AttributeError):  # not glibc (musl has no malloc_trim)
-            _MALLOC_TRIM = False
-    if _MALLOC_TRIM:
-        _MALLOC_TRIM(0)
