@@ -46,11 +46,12 @@ class OvGraph(Graph):
         """model: the graph as read (its ports carry the ONNX names; compiling can merge other tensor
         names into them), kept only while a compile still needs it (static shapes, deferred); compiled:
         the same graph compiled with its dynamic axes, ports in the same order, or None with
-        shapes="static", where compile_for(model, input shapes) compiles a copy of the model reshaped
-        to those shapes, or None for a graph the load deferred: deferred(model) compiles it at its first
-        run. reader: for a released graph (compile_cache.released), reads the model again: it is not
-        kept, and the compiled model is dropped once another graph runs (OpenVinoBackend._free_released),
-        so its next run reads and compiles it again (from OpenVINO's cache)."""
+        shapes="static", where compile_for(model, input shapes) compiles the model as reader() reads it
+        again, reshaped to those shapes, or None for a graph the load deferred: deferred(model) compiles
+        it at its first run. reader: reads the model again (static shapes; a released graph), so the read
+        model is not kept; a released graph (compile_cache.released) has its compiled model dropped once
+        another graph runs (OpenVinoBackend._free_released), so its next run reads and compiles it again
+        (from OpenVINO's cache)."""
         self.name = name
         self.model = model
         self.compiled = compiled
@@ -87,7 +88,7 @@ class OvGraph(Graph):
             return self.request, self.compiled
         entry = self.static.get(shapes)
         if entry is None:
-            compiled = self.compile_for(self.model, shapes)
+            compiled = self.compile_for(self.reader(), shapes)
             entry = self.static[shapes] = (compiled, compiled.create_infer_request())
             while len(self.static) > MAX_STATIC_SHAPES:
                 self.static.popitem(last=False)
@@ -208,13 +209,14 @@ class OpenVinoBackend(Backend):
         if self.shapes == "static":  # compiled per call shapes, at first use (OvGraph.request_for)
             def compile_for(model, input_shapes, name=name, path=path):
                 started = time.perf_counter()
-                copy = model.clone()
-                copy.reshape({port: ov.PartialShape(list(shape)) for port, shape in zip(copy.inputs, input_shapes)})
-                compiled = self._compile(name, path, copy, f" at input shapes {list(map(list, input_shapes))}")
+                model.reshape({port: ov.PartialShape(list(shape)) for port, shape in zip(model.inputs, input_shapes)})
+                compiled = self._compile(name, path, model, f" at input shapes {list(map(list, input_shapes))}")
                 self.compile_seconds[name] = self.compile_seconds.get(name, 0.0) + time.perf_counter() - started
                 return compiled
 
-            graph = OvGraph(name, model, None, gears, compile_for)
+            # read again for each new shape rather than kept: a kept model held every graph's weights once
+            # more beside the compiled copies (mid: 0.6 GB)
+            graph = OvGraph(name, model, None, gears, compile_for, reader=lambda: self._read(name, path))
         elif name in self._released:  # read (and so checked) now, compiled at each first run after a release
             # from the file where the weights stay as stored: OpenVINO's cache then finds the blob by the
             # file, and the graph is never read into memory beside it (full size, bf16: 9.5 -> 7.2 GB at a prompt)
