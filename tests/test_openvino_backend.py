@@ -160,6 +160,7 @@ def test_dynamic_shapes_run_at_each_size_without_recompiling(backend, tmp_path):
 def test_static_shapes_compile_once_per_shape_and_give_the_same_results(tmp_path, monkeypatch):
     """shapes="static": a graph is compiled at first use for each distinct set of input shapes, the
     compiled model reused when those shapes come again, the least recently used dropped past the cap."""
+    monkeypatch.setattr(ov_backend, "MAX_STATIC_SHAPES", 3)
     b = create_backend("openvino", "cpu", shapes="static")
     graph = b.load("batch", batch_graph(tmp_path))
     assert graph.compiled is None and not graph.static  # nothing compiled before the first call

@@ -37,7 +37,12 @@ _HINTS = {"fp32": "f32", "bf16": "bf16"}
 # Axes the frame loop splits into chunks of the largest planned size (call_sizes.chunks); every other
 # axis must hold a call's n in one run (call_sizes.fixed_size)
 SPLIT_AXES = ("objects", "prompts", "buckets")
-MAX_STATIC_SHAPES = 32  # per graph, with shapes="static": compiled models kept (each holds its own weights)
+# Per graph, with shapes="static": compiled models kept, the least recently used dropped (and found again in
+# OpenVINO's cache when its shape comes back). Each holds its own weights and its own buffers for every
+# intermediate at its shapes: the mid propagation decoder at 16 objects about 1.1 GB a shape (5 shapes kept:
+# 7.7 GB resident; 11 without gears: 14.7 GB; dynamic shapes: 3.8 GB). Two: the steady shape and one more,
+# so a count that moves between two gears does not compile or import on every frame.
+MAX_STATIC_SHAPES = 2
 
 
 class OvGraph(Graph):
