@@ -215,7 +215,7 @@ def test_static_gears_pad_calls_and_never_refuse_a_size(tmp_path):
     config = dataclasses.replace(TrackerConfig.from_manifest(manifest), num_maskmem=7, max_cond_frame_num=4,
                                  max_object_pointers_in_encoder=16, max_conditioning_frames=16)
     gears = static_gears(config)
-    assert gears["memories"] == (1, 2, 4, 7, 8, 10)  # powers of two, the steady state of one conditioning frame, the cap
+    assert gears["memories"] == (1, 2, 4, 7, 8, 10)  # powers of two, one conditioning frame's steady state, the cap
     assert gears["pointers"] == (1, 2, 4, 8, 16, 31)
     assert gears["objects"] == (1, 2, 4, 8, 16) and "points" not in gears and "memory_rows" not in gears
 

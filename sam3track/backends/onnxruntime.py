@@ -162,8 +162,8 @@ class OnnxRuntimeBackend(Backend):
             if saved is not None:  # saved now: freed until its first run, as after a warm load
                 self._free(graph)
         elif name in cache.deferred or saved is not None:  # checked now, its session made at the first run
-            graph = OrtGraph(name, None, gears, hit[1], opener=lambda: self._sessions.open_saved(name, path, entry, hit[0]),
-                             saved=saved)
+            opener = lambda: self._sessions.open_saved(name, path, entry, hit[0])  # noqa: E731
+            graph = OrtGraph(name, None, gears, hit[1], opener=opener, saved=saved)
         else:
             graph = OrtGraph(name, self._sessions.open_saved(name, path, entry, hit[0]), gears)
         self._graphs.append(graph)
