@@ -48,9 +48,8 @@ bundle_mod.file_sha256 = timed("sha256", bundle_mod.file_sha256)
 backend_name, bundle, threads = sys.argv[1], sys.argv[2], (int(sys.argv[3]) if sys.argv[3] != "0" else None)
 run_frame = sys.argv[4] == "1"
 if backend_name == "onnxruntime":
-    from sam3track.backends import onnxruntime as ort_backend
-    B = ort_backend.OnnxRuntimeBackend
-    B._optimise, B._open_saved = timed("optimised", B._optimise), timed("opened_saved", B._open_saved)
+    from sam3track.backends.ort_sessions import SessionMaker as B
+    B.optimise, B.open_saved = timed("optimised", B.optimise), timed("opened_saved", B.open_saved)
 else:
     from sam3track.backends import openvino as ov_backend
     ov_backend.OpenVinoBackend._compile = timed("optimised", ov_backend.OpenVinoBackend._compile)

@@ -71,8 +71,9 @@ class Predictor:
         "auto" (docs/speed.md "Memory at full size"). With precision= or shapes= it runs on OpenVINO,
         else on ONNX Runtime.
         gears (onnxruntime, openvino): "compiled" runs an OM bundle's gears, or {axis: sizes} pads every
-        call to those sizes, so CPU runs take the Ascend padding path. OpenVINO with shapes="static" pads
-        to call_sizes.static_gears by default (a few compiles per graph, not one per object count).
+        call to those sizes, so CPU runs take the Ascend padding path. OpenVINO with shapes="static" pads a
+        SAM 3 bundle's calls to call_sizes.static_gears by default (a few compiles per graph, not one per
+        object count; SAM 3.1 runs each call at its own shapes).
         compile_cache: None (default: on, unless SAM3TRACK_COMPILE_CACHE=0), True, False, or a folder:
         where optimised graphs and checked sha256s are kept between loads (docs/speed.md, "Load time").
         release_text_encoder (ONNX Runtime, or OpenVINO with dynamic shapes; compile cache on): free the

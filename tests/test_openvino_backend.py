@@ -22,7 +22,7 @@ from onnx import TensorProto, helper
 import sam3track
 from sam3track.backends import create_backend
 from sam3track.backends import openvino as ov_backend
-from sam3track.errors import BackendError, BundleError, Sam3TrackError
+from sam3track.errors import BackendError, BundleError, CapacityError, Sam3TrackError
 from sam3track.video import open_video
 
 from .conftest import AVX512, CLIPS, CPU_ISA, REPO, rounding_xfail, run_child
@@ -157,13 +157,14 @@ def test_dynamic_shapes_run_at_each_size_without_recompiling(backend, tmp_path):
 
 
 
-def test_static_shapes_compile_once_per_shape_and_give_the_same_results(tmp_path, monkeypatch):
+def test_static_shapes_compile_once_per_shape_and_give_the_same_results(tmp_path):
     """shapes="static": a graph is compiled at first use for each distinct set of input shapes, the
     compiled model reused when those shapes come again, the least recently used dropped past the cap."""
-    monkeypatch.setattr(ov_backend, "MAX_STATIC_SHAPES", 3)
     b = create_backend("openvino", "cpu", shapes="static")
     graph = b.load("batch", batch_graph(tmp_path))
     assert graph.compiled is None and not graph.static  # nothing compiled before the first call
+    assert graph.model is None and graph.keep_static == ov_backend.MAX_STATIC_SHAPES_UNCACHED  # no cache: more kept
+    graph.keep_static = 3
     bias = b.upload(_rand(4, seed=9))
     seen = {}
     for n in (3, 1, 5, 3):
@@ -180,7 +181,7 @@ def test_static_shapes_compile_once_per_shape_and_give_the_same_results(tmp_path
     x = _rand(2, 4, seed=5)
     b.run(graph, {"x": x, "bias": np.zeros(4, np.float32)}, {"y": b.rows(pool, 3, 2)})
     np.testing.assert_allclose(b.to_host(pool)[3:5], 2 * x, rtol=1e-6)
-    monkeypatch.setattr(ov_backend, "MAX_STATIC_SHAPES", 2)
+    graph.keep_static = 2
     b.run(graph, {"x": _rand(7, 4), "bias": bias})
     assert list(graph.static) == [((2, 4), (4,)), ((7, 4), (4,))]
     b.close()
@@ -207,7 +208,14 @@ def test_static_gears_pad_calls_and_never_refuse_a_size(tmp_path):
     assert [b.plan(graph, "memories", n) for n in (2, 3, 7, 9)] == [2, 7, 7, 9]
     assert fixed_size(b, graph, "memories", 9, "frame 3", "") == 9
     assert b.plan(graph, "points", 5) == 5  # no gears: every call at its own size
+    om_fixed = b.load("batch", batch_graph(tmp_path), compiled={"axes": {"memories": [10], "objects": [1, 2, 4]}})
+    assert b.plan(om_fixed, "memories", 12) == 10  # an OM graph is static there: refused, as on the device
+    with pytest.raises(CapacityError, match="needs 12 memories in one batch call, but the graph was compiled for"):
+        fixed_size(b, om_fixed, "memories", 12, "frame 3", "")
     b.close()
+    cached = create_backend("openvino", "cpu", shapes="static", cache_dir=tmp_path / "ov-cache")
+    assert cached.load("batch", batch_graph(tmp_path)).keep_static == ov_backend.MAX_STATIC_SHAPES
+    cached.close()
     with pytest.raises(Sam3TrackError, match="gears must be None, 'compiled' or"):
         create_backend("openvino", "cpu", gears={"objects": [0]})
 
@@ -335,7 +343,7 @@ def test_precision_threads_and_device_errors(monkeypatch):
                      (dict(precision="int8"), "unknown precision"),
                      (dict(threads=0), "threads must be a whole number >= 1"),
                      (dict(threads=1.5), "threads must be a whole number >= 1"),
-                     (dict(gears={"objects": [1]}), "takes no option 'gears'")]:
+                     (dict(gear={"objects": [1]}), "the openvino backend takes no option 'gear'")]:
         with pytest.raises(Sam3TrackError, match=why):
             create_backend("openvino", "cpu", **bad)
     with pytest.raises(Sam3TrackError, match="unknown device 'cuda:0' for openvino"):
@@ -359,10 +367,10 @@ def test_onnxruntime_default_threads_follow_the_affinity_mask(monkeypatch):
     monkeypatch.setattr(ort_backend, "DEFAULT_THREADS", None)  # as in any process but a test worker
     monkeypatch.setattr(ort_backend.os, "cpu_count", lambda: 8)
     monkeypatch.setattr(ort_backend.os, "sched_getaffinity", lambda pid: {2, 3, 5}, raising=False)
-    assert create_backend("onnxruntime")._options.intra_op_num_threads == 3
-    assert create_backend("onnxruntime", threads=2)._options.intra_op_num_threads == 2  # asked: it wins
+    assert create_backend("onnxruntime")._sessions.threads == 3
+    assert create_backend("onnxruntime", threads=2)._sessions.threads == 2  # asked: it wins
     monkeypatch.setattr(ort_backend.os, "sched_getaffinity", lambda pid: set(range(8)), raising=False)
-    assert create_backend("onnxruntime")._options.intra_op_num_threads == 0  # 0: ONNX Runtime's default
+    assert create_backend("onnxruntime")._sessions.threads == 0  # 0: ONNX Runtime's default
 
 
 def test_load_passes_precision_and_threads(tiny_bundle):
@@ -649,12 +657,19 @@ STATIC_STREAM_ROUNDING = ("one pixel of a 140-pixel mask flips at logit 0 (fp32 
 @pytest.mark.slow
 @pytest.mark.parametrize("mode", ["forward", pytest.param("stream", marks=rounding_xfail(
     STATIC_STREAM_ROUNDING, diverges_on=AVX512))])  # on an AVX2 CPU the pixel does not flip
-def test_static_shapes_track_the_clip_as_onnxruntime(mode, tiny_bundle, bikes_frames):
+def test_static_shapes_track_the_clip_as_onnxruntime(mode, tiny_bundle, bikes_frames, monkeypatch):
     """shapes="static" on the bikes clip: the ids and scores of ONNX Runtime on every frame, masks at
     IoU >= 0.999, each graph compiled once per distinct call shape."""
     from .test_parity import sam3track_run
 
     ort_run = _both_backends(f"bikes-{mode}", tiny_bundle, bikes_frames)[0]
+    compiles, compile = [], ov_backend.OpenVinoBackend._compile
+
+    def recorded(self, name, path, model, where):
+        compiles.append((name, {p.get_node().get_friendly_name(): tuple(p.get_shape()) for p in model.inputs}))
+        return compile(self, name, path, model, where)
+
+    monkeypatch.setattr(ov_backend.OpenVinoBackend, "_compile", recorded)
     predictor, _, ov_run = sam3track_run(tiny_bundle, bikes_frames, ["person", "bike"], {"shapes": "static"}, mode,
                                          backend="openvino")
     graphs = predictor.graphs
@@ -662,9 +677,10 @@ def test_static_shapes_track_the_clip_as_onnxruntime(mode, tiny_bundle, bikes_fr
     assert len(graphs["propagation_decoder"].static) > 1  # objects, memories and pointers changed over the clip
     assert sum(len(g.static) for g in graphs.values()) < sum(predictor.backend.calls.values())
     gears = graphs["propagation_decoder"].sizes  # call_sizes.static_gears: every compile at a planned size
-    names = graphs["propagation_decoder"].input_names
-    for shapes in graphs["propagation_decoder"].static:
-        (objects, memories), (_, pointers) = (shapes[names.index("memory_index")], shapes[names.index("pointer_index")])
+    decoder = [inputs for name, inputs in compiles if name == "propagation_decoder"]
+    assert len(decoder) > 1 and all(g.model is None for g in graphs.values())  # read again per shape, not kept
+    for inputs in decoder:
+        (objects, memories), (_, pointers) = inputs["memory_index"], inputs["pointer_index"]
         assert objects in gears["objects"] and memories in gears["memories"] and pointers in gears["pointers"]
     predictor.close()
     for a, b in zip(ort_run, ov_run):

@@ -50,7 +50,7 @@ def create_backend(name: str, device: str = "cpu", **options) -> Backend:
             raise Sam3TrackError(f"backend='openvino' needs the openvino package ({exc}); "
                                  "pip install 'sam3track[openvino]'") from exc
         _refuse(name, options, {"threads", "precision", "cache_dir", "shapes", "compile_cache", "weights", "gears"},
-                "device= and the acl options are not openvino's")
+                "its options: threads, precision, shapes, gears, weights, cache_dir, compile_cache")
         return OpenVinoBackend(device=device, **options)
     if name == "acl":
         from .acl import AclBackend

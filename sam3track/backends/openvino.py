@@ -37,19 +37,21 @@ _HINTS = {"fp32": "f32", "bf16": "bf16"}
 # Axes the frame loop splits into chunks of the largest planned size (call_sizes.chunks); every other
 # axis must hold a call's n in one run (call_sizes.fixed_size)
 SPLIT_AXES = ("objects", "prompts", "buckets")
-# Per graph, with shapes="static": compiled models kept, the least recently used dropped (and found again in
-# OpenVINO's cache when its shape comes back). Each holds its own weights and its own buffers for every
-# intermediate at its shapes: the mid propagation decoder at 16 objects about 1.1 GB a shape (5 shapes kept:
-# 7.7 GB resident; 11 without gears: 14.7 GB; dynamic shapes: 3.8 GB). Two: the steady shape and one more,
-# so a count that moves between two gears does not compile or import on every frame.
+# Per graph, with shapes="static": compiled models kept, the least recently used dropped. Each holds its own
+# weights and its own buffers for every intermediate at its shapes: the mid propagation decoder at 16 objects
+# about 1.1 GB a shape (5 shapes kept: 7.7 GB resident; 11 without gears: 14.7 GB; dynamic shapes: 3.8 GB).
+# With OpenVINO's cache (CACHE_DIR) a dropped shape comes back as an import: two kept, the steady shape and one
+# more, so a count that moves between two gears does not import on every frame. Without it a dropped shape is
+# compiled again (seconds), so more are kept.
 MAX_STATIC_SHAPES = 2
+MAX_STATIC_SHAPES_UNCACHED = 6
 
 
 class OvGraph(Graph):
     def __init__(self, name: str, model, compiled, gears: dict[str, tuple[int, ...]], compile_for=None,
                  deferred=None, reader=None):
         """model: the graph as read (its ports carry the ONNX names; compiling can merge other tensor
-        names into them), kept only while a compile still needs it (static shapes, deferred); compiled:
+        names into them), kept only while a deferred compile still needs it; compiled:
         the same graph compiled with its dynamic axes, ports in the same order, or None with
         shapes="static", where compile_for(model, input shapes) compiles the model as reader() reads it
         again, reshaped to those shapes, or None for a graph the load deferred: deferred(model) compiles
@@ -64,6 +66,7 @@ class OvGraph(Graph):
         self.compile_for = compile_for
         self.deferred = deferred
         self.static: OrderedDict[tuple, tuple] = OrderedDict()  # input shapes -> (compiled, request), LRU order
+        self.keep_static = MAX_STATIC_SHAPES  # the backend sets it: fewer where its cache brings a shape back
         self.lock = threading.Lock()
         # ports are bound by index, in the order the ONNX graph declares them
         self.input_names = tuple(p.get_node().get_friendly_name() for p in model.inputs)
@@ -95,7 +98,7 @@ class OvGraph(Graph):
         if entry is None:
             compiled = self.compile_for(self.reader(), shapes)
             entry = self.static[shapes] = (compiled, compiled.create_infer_request())
-            while len(self.static) > MAX_STATIC_SHAPES:
+            while len(self.static) > self.keep_static:
                 self.static.popitem(last=False)
         else:
             self.static.move_to_end(shapes)
@@ -222,6 +225,7 @@ class OpenVinoBackend(Backend):
             # read again for each new shape rather than kept: a kept model held every graph's weights once
             # more beside the compiled copies (mid: 0.6 GB)
             graph = OvGraph(name, model, None, gears, compile_for, reader=lambda: self._read(name, path))
+            graph.keep_static = MAX_STATIC_SHAPES if "CACHE_DIR" in self._config else MAX_STATIC_SHAPES_UNCACHED
         elif name in self._released:  # read (and so checked) now, compiled at each first run after a release
             # from the file where the weights stay as stored: OpenVINO's cache then finds the blob by the
             # file, and the graph is never read into memory beside it (full size, bf16: 9.5 -> 7.2 GB at a prompt)
@@ -241,7 +245,8 @@ class OpenVinoBackend(Backend):
         OpenVINO compiles any shape, so a gear is a size to pad to, never a limit (a call that cannot be
         split, such as memories per object, is not refused)."""
         size = super().plan(graph, axis, n)
-        opened = isinstance(self._gears, dict) and axis in self._gears and axis not in SPLIT_AXES
+        asked = self._gears.get(axis) if isinstance(self._gears, dict) else None
+        opened = asked is not None and graph.sizes.get(axis) == asked and axis not in SPLIT_AXES  # not OM-fixed
         return n if size < n and opened else size
 
     def _read(self, name: str, path: str):

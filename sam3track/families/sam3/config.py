@@ -102,8 +102,8 @@ class TrackerConfig:
     # per object at 7 memories; 16 objects in one call went past 10 GB). Calls on the objects axis
     # (propagation, memory encoder, mask init, clicks) hold as many objects as fit
     # (call_sizes.objects_per_call); 0: half the memory available when the bundle is loaded (within
-    # the process's cgroup limit). ONNX Runtime on the CPU without gears= only (OpenVINO runs every
-    # object in one call).
+    # the process's cgroup limit). ONNX Runtime on the CPU without gears= only (OpenVINO does not split
+    # by memory: one call with dynamic shapes, at most 16 objects with static ones).
     memory_budget_mib: int = 0
 
     def capacities(self) -> dict[str, int]:
