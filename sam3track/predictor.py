@@ -100,11 +100,7 @@ class Predictor:
             options["precision"] = precision
         if shapes is not None:
             options["shapes"] = shapes
-        if gears is None and backend in ("onnxruntime", "ort") and str(device).startswith("cann") \
-                and isinstance(config, TrackerConfig):
-            gears = default_gears(config)  # CANN compiles every new shape again: a few planned ones
-        if gears is None and backend in ("openvino", "ov") and shapes == "static" and isinstance(config, TrackerConfig):
-            gears = static_gears(config)  # a compile per new call shape: a few planned ones
+        gears = gears if gears is not None else planned_gears(config, backend, device, shapes)
         if gears is not None:
             options["gears"] = gears
         elif backend in ("onnxruntime", "ort") and str(device).partition(":")[0] == "cpu" \
@@ -168,6 +164,19 @@ class Predictor:
 
     def __exit__(self, *exc):
         self.close()
+
+
+def planned_gears(config, backend: str, device: str, shapes: str | None) -> dict | None:
+    """The sizes a SAM 3 load pads calls to where gears= is not given and every new call shape is compiled
+    again: ONNX Runtime on CANN (default_gears) and OpenVINO with static shapes (static_gears); None: each
+    call at its own size."""
+    if not isinstance(config, TrackerConfig):
+        return None
+    if backend in ("onnxruntime", "ort") and str(device).startswith("cann"):
+        return default_gears(config)
+    if backend in ("openvino", "ov") and shapes == "static":
+        return static_gears(config)
+    return None
 
 
 def memory_budget(config) -> int | None:
