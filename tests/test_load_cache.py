@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import openvino  # noqa: F401  a test dependency: missing, this module fails rather than skips
 import pytest
 
 import sam3track
@@ -273,7 +274,6 @@ def test_bad_setting_names_what_is_accepted(tiny_bundle):
 
 
 def test_openvino_compiles_deferred_graphs_at_first_use_into_its_cache(tiny_bundle, tmp_path):
-    pytest.importorskip("openvino")
     cache = tmp_path / "cache"
     with sam3track.load(tiny_bundle, backend="openvino", compile_cache=cache) as predictor:
         assert {n for n, g in predictor.graphs.items() if g.compiled is None} == DEFERRED
@@ -286,7 +286,6 @@ def test_openvino_precisions_and_thread_counts_never_share_compiled_blobs(tiny_b
     folder a bf16 load imported the fp32 compile and corrupted the heap at its first run (the suite's
     crash in the benchmark smoke test). Each config (and weights="fp16") gets its own folder, from load()
     and from an explicit cache_dir= alike."""
-    pytest.importorskip("openvino")
     from sam3track.backends import create_backend
     from sam3track.backends.openvino import cpu_capabilities
 
