@@ -16,10 +16,11 @@ def test_there_are_four_notebooks():
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
-def test_notebook_runs_top_to_bottom(path, tmp_path):
+def test_notebook_runs_top_to_bottom(path, tmp_path, monkeypatch):
     import nbformat
     from nbclient import NotebookClient
 
+    monkeypatch.setenv("TMPDIR", str(tmp_path))  # what a notebook writes to a temp folder goes with the test's
     nb = nbformat.read(path, as_version=4)
     NotebookClient(nb, timeout=300, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}).execute()
     errors = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", []) if o.output_type == "error"]
