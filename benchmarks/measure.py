@@ -303,10 +303,9 @@ class Reference:
 def bf16_cpu() -> str | None:
     """None where this CPU computes bf16 natively (AVX512-BF16 or AMX, as torch's oneDNN needs for the
     autocast reference to be a fast path), else why not."""
-    from sam3track.backend_choice import cpu_identity
+    from sam3track.backend_choice import cpu_model_and_flags
 
-    flags = set(cpu_identity().split())
-    if flags & {"avx512_bf16", "amx_bf16"}:
+    if cpu_model_and_flags()[1] & {"avx512_bf16", "amx_bf16"}:
         return None
     return "this CPU lists neither AVX512-BF16 nor AMX: autocast bf16 would be emulated, not the reference's fast path"
 

@@ -313,6 +313,13 @@ def _package_version() -> str:
 
 def cpu_identity() -> str:
     """This CPU's model name and the flags that change which kernels run."""
+    model, flags = cpu_model_and_flags()
+    wanted = sorted(f for f in flags if f.startswith(("avx", "amx", "fma", "f16c", "sse4")))
+    return f"{model} {os.cpu_count()} cpus {' '.join(wanted)}"
+
+
+def cpu_model_and_flags() -> tuple[str, set[str]]:
+    """This CPU's model name and its /proc/cpuinfo flags (empty where there is no /proc/cpuinfo)."""
     model, flags = platform.processor(), set()
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -323,8 +330,7 @@ def cpu_identity() -> str:
                 break
     except OSError:
         pass
-    wanted = sorted(f for f in flags if f.startswith(("avx", "amx", "fma", "f16c", "sse4")))
-    return f"{model} {os.cpu_count()} cpus {' '.join(wanted)}"
+    return model, flags
 
 
 def verdict_folder() -> Path:

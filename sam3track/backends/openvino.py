@@ -49,7 +49,7 @@ MAX_STATIC_SHAPES_UNCACHED = 6
 
 class OvGraph(Graph):
     def __init__(self, name: str, model, compiled, gears: dict[str, tuple[int, ...]], compile_for=None,
-                 deferred=None, reader=None):
+                 deferred=None, reader=None, keep_static: int = MAX_STATIC_SHAPES):
         """model: the graph as read (its ports carry the ONNX names; compiling can merge other tensor
         names into them), kept only while a deferred compile still needs it; compiled:
         the same graph compiled with its dynamic axes, ports in the same order, or None with
@@ -58,7 +58,7 @@ class OvGraph(Graph):
         it at its first run. reader: reads the model again (static shapes; a released graph), so the read
         model is not kept; a released graph (compile_cache.released) has its compiled model dropped once
         another graph runs (OpenVinoBackend._free_released), so its next run reads and compiles it again
-        (from OpenVINO's cache)."""
+        (from OpenVINO's cache). keep_static: the compiled shapes kept (static shapes)."""
         self.name = name
         self.model = model
         self.compiled = compiled
@@ -66,7 +66,7 @@ class OvGraph(Graph):
         self.compile_for = compile_for
         self.deferred = deferred
         self.static: OrderedDict[tuple, tuple] = OrderedDict()  # input shapes -> (compiled, request), LRU order
-        self.keep_static = MAX_STATIC_SHAPES  # the backend sets it: fewer where its cache brings a shape back
+        self.keep_static = keep_static
         self.lock = threading.Lock()
         # ports are bound by index, in the order the ONNX graph declares them
         self.input_names = tuple(p.get_node().get_friendly_name() for p in model.inputs)
@@ -224,8 +224,9 @@ class OpenVinoBackend(Backend):
 
             # read again for each new shape rather than kept: a kept model held every graph's weights once
             # more beside the compiled copies (mid: 0.6 GB)
-            graph = OvGraph(name, model, None, gears, compile_for, reader=lambda: self._read(name, path))
-            graph.keep_static = MAX_STATIC_SHAPES if "CACHE_DIR" in self._config else MAX_STATIC_SHAPES_UNCACHED
+            keep = MAX_STATIC_SHAPES if "CACHE_DIR" in self._config else MAX_STATIC_SHAPES_UNCACHED  # a cache: fewer
+            graph = OvGraph(name, model, None, gears, compile_for, reader=lambda: self._read(name, path),
+                            keep_static=keep)
         elif name in self._released:  # read (and so checked) now, compiled at each first run after a release
             # from the file where the weights stay as stored: OpenVINO's cache then finds the blob by the
             # file, and the graph is never read into memory beside it (full size, bf16: 9.5 -> 7.2 GB at a prompt)
