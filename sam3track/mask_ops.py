@@ -24,6 +24,7 @@ __all__ = [
     "suppress_shrunk_masks",
     "suppress_object_pw_area_shrinkage",
     "objects_to_suppress_by_recent_occlusion",
+    "binary_masks_at",
 ]
 
 # Score given to pixels taken away from an object (sigmoid(-10) = 4.54e-05), as in the reference.
@@ -339,3 +340,17 @@ def objects_to_suppress_by_recent_occlusion(
     suppress_i = overlapping & cmp(li, lj) & (lj > -1)
     suppress_j = overlapping & cmp(lj, li) & (li > -1)
     return suppress_i.any(axis=1) | suppress_j.any(axis=0)
+
+
+def binary_masks_at(low_res: np.ndarray, height: int, width: int, upsample) -> np.ndarray:
+    """bool [N, height, width] masks of logits [N, h, w]: ``upsample(logits, height, width)`` (a bilinear
+    resize thresholded at 0) for the rows with a logit > 0 (or NaN), all False for the others without
+    resizing them. Bilinear weights are >= 0 and sum to 1, so a row whose logits are all <= 0 (an absent
+    or occluded object) resizes to values <= 0: a full-size resize of it is work nobody reads."""
+    present = ~(low_res <= 0).reshape(low_res.shape[0], -1).all(axis=1)
+    if present.all():
+        return upsample(low_res, height, width)
+    masks = np.zeros((low_res.shape[0], height, width), bool)
+    if present.any():
+        masks[present] = upsample(low_res[present], height, width)
+    return masks

@@ -368,7 +368,6 @@ class MemoryEncoder(nn.Module):
         self.memory_mask_size = (4 * mh, 4 * mw)
 
     def forward(self, tracker_feat, mask_logits, object_score_logits, binarize, via_image):
-        n = mask_logits.shape[0]
         trk = self.trk
         direct = F.interpolate(mask_logits, size=self.memory_mask_size, mode="bilinear", align_corners=False)
         image_res = F.interpolate(mask_logits, size=(self.image_size, self.image_size), mode="bilinear",
@@ -379,7 +378,11 @@ class MemoryEncoder(nn.Module):
         soft = torch.sigmoid(torch.where(via_image[:, None, None, None] > 0.5, through_image, direct))
         mask_for_mem = torch.where(binarize[:, None, None, None] > 0.5, hard, soft)
         mask_for_mem = mask_for_mem * trk.config.sigmoid_scale_for_mem_enc + trk.config.sigmoid_bias_for_mem_enc
-        features, _ = trk.memory_encoder(tracker_feat.expand(n, -1, -1, -1), mask_for_mem)
+        # Sam3TrackerVideoMemoryEncoder.forward, except that the frame's feature projection, the same for
+        # every object, runs once and broadcasts over the objects' masks instead of once per object.
+        enc = trk.memory_encoder
+        features = enc.feature_projection(tracker_feat) + enc.mask_downsampler(mask_for_mem)
+        features = enc.projection(enc.memory_fuser(features))
         if trk.occlusion_spatial_embedding_parameter is not None:
             absent = (object_score_logits <= 0).to(features.dtype)[..., None, None]  # [N, 1, 1, 1]
             features = features + absent * trk.occlusion_spatial_embedding_parameter[..., None, None]
