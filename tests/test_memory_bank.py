@@ -14,6 +14,7 @@ from sam3track.memory_bank import ZERO_ROW, DevicePool
 from sam3track.video import open_video
 
 from .conftest import CLIPS
+from .test_parity import record_events, synthetic_frames
 
 
 @pytest.fixture()
@@ -296,7 +297,7 @@ def test_the_host_store_keeps_a_few_bytes_of_bookkeeping_per_entry():
 def test_a_session_spills_to_a_file_it_closes_on_close(tiny_bundle):
     """With no host memory for it, what left the device is all in the spill file, closed (so gone: it
     has no name) once the session closes; the pools hold one window, whatever the clip's length."""
-    from .test_parity import synthetic_frames
+    from .test_parity import record_events, synthetic_frames
 
     frames = synthetic_frames()[:24]
     with sam3track.load(tiny_bundle, memory_store_ram_mib=0) as p:
@@ -322,7 +323,7 @@ def test_a_one_pass_session_keeps_no_history_and_the_cli_job_asks_for_one(tiny_b
 
     from sam3track.jobs.track import TrackJob, run_track
 
-    from .test_parity import synthetic_frames
+    from .test_parity import record_events, synthetic_frames
 
     frames = synthetic_frames()[:12]
     with sam3track.load(tiny_bundle) as p:
@@ -354,3 +355,41 @@ def test_a_one_pass_session_keeps_no_history_and_the_cli_job_asks_for_one(tiny_b
         err = io.StringIO()
         assert run_track(job, stdout=io.StringIO(), stderr=err, predictor=Recording()) == 0, err.getvalue()
         assert asked == [False]
+
+
+FRAMES = 26  # the second block is born on frame 25
+
+
+def test_a_frame_with_births_encodes_each_memory_once(tiny_bundle, monkeypatch):
+    """On a frame with births the reference re-encodes the tracked objects' memories from their thresholded
+    masks (with match_reference_quirks); the planned memories those replace are not made at all (issue 29, work
+    avoided: the parity tests hold the masks to the reference's). Every object's memory of a frame is
+    encoded once, births and re-encoded objects in one binarized call."""
+    from sam3track.families.sam3.frame_loop import FrameLoop
+
+    calls = []
+    encode = FrameLoop.encode_memory
+
+    def spy(self, features, obj_ids, frame, logits, scores, binarize, via_image=False):
+        calls.append((frame, list(obj_ids), bool(np.all(binarize))))
+        return encode(self, features, obj_ids, frame, logits, scores, binarize, via_image)
+
+    monkeypatch.setattr(FrameLoop, "encode_memory", spy)
+    frames = synthetic_frames()[:FRAMES]
+    with sam3track.load(tiny_bundle, hotstart_delay=0, new_det_thresh=0.85, match_reference_quirks=True) as p, \
+            p.start_session(frames) as s:
+        events = record_events(s)
+        s.add_prompt(text="bike")
+        s.add_prompt(text="person")
+        list(s.propagate())
+        born = events["births"]
+    per_frame: dict[int, list[int]] = {}
+    for frame, ids, _ in calls:
+        per_frame.setdefault(frame, []).extend(ids)
+    assert all(len(ids) == len(set(ids)) for ids in per_frame.values()), per_frame
+    # a frame with births while older objects are tracked (the synthetic clip's second block, frame 25)
+    crowded = [f for f in set(born.values()) if any(b < f for b in born.values())]
+    assert crowded, f"the clip has no births beside tracked objects to exercise: {born}"
+    f = min(crowded)
+    reencoded = [ids for frame, ids, binarized in calls if frame == f and binarized]
+    assert reencoded and any(born[o] < f for o in reencoded[0]), calls

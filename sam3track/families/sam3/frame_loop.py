@@ -288,15 +288,18 @@ class FrameLoop:
         # objects, which keep the tracker's own memory (its raw output, through the image size) except on
         # their conditioning frames, which keep the memory made there.
         user = user.take([o for o in user.obj_ids if not bank.has_cond(o, frame)])
-        self.encode_memory(features, old_ids + user.obj_ids, frame,
-                           np.concatenate([plan.memory_masks.reshape(-1, *user.raw.shape[1:]), user.raw]),
-                           np.concatenate([plan.memory_scores, user.scores]), binarize=False,
-                           via_image=np.r_[np.zeros(len(old_ids)), np.ones(len(user.obj_ids))])
+        # The reference re-encodes every tracked object's memory of a frame with births from its
+        # thresholded mask (a quirk: it couples prompts); otherwise only the new objects are encoded.
+        # Those memories replace the planned ones, so the planned ones are not made for them at all.
+        again = [i for i, o in enumerate(old_ids) if plan.new_obj_ids and quirks and not bank.has_cond(o, frame)]
+        planned = np.asarray([i for i in range(len(old_ids)) if i not in again], np.int64)
+        memory_masks = plan.memory_masks.reshape(-1, *user.raw.shape[1:])[planned]
+        self.encode_memory(features, [old_ids[i] for i in planned] + user.obj_ids, frame,
+                           np.concatenate([memory_masks, user.raw]),
+                           np.concatenate([plan.memory_scores[planned], user.scores]), binarize=False,
+                           via_image=np.r_[np.zeros(len(planned)), np.ones(len(user.obj_ids))])
         if plan.new_obj_ids:
             new_binary, new_scores = self.add_objects(features, plan.new_obj_ids, det.masks[plan.new_det_inds], frame)
-            # The reference re-encodes every tracked object's memory of a frame with births from its
-            # thresholded mask (a quirk: it couples prompts); otherwise only the new objects are encoded.
-            again = [i for i, o in enumerate(old_ids) if quirks and not bank.has_cond(o, frame)]
             ids = [old_ids[i] for i in again] + plan.new_obj_ids
             logits = np.concatenate([tracked.raw[again], new_binary * 20.0 - 10.0])
             scores = np.concatenate([tracked.scores[again], new_scores])
