@@ -7,6 +7,7 @@ import functools
 import cv2
 import numpy as np
 
+from .mask_ops import binary_masks_at
 from .results import FrameResult
 
 
@@ -153,14 +154,12 @@ def build_result(output, prompts: list[str], height: int, width: int, hidden: se
     `hidden`: ids removed after this frame while its result was held back (the frame's own suppressed
     and removed ids are in the output already). `shown`: ids kept even with an empty mask (the object
     a prompt call was for)."""
-    ids = sorted(output.masks)
+    hidden = output.suppressed | set(hidden)
+    ids = [i for i in sorted(output.masks) if i not in hidden]
     if not ids:
         return FrameResult.empty(output.frame_index, height, width)
-    low = np.stack([output.masks[i] for i in ids])
-    masks = upsample_masks(low, height, width)
-    hidden = output.suppressed | set(hidden)
-    keep = ((masks.reshape(len(ids), -1).any(axis=1) | np.asarray([i in shown for i in ids]))
-            & np.asarray([i not in hidden for i in ids]))
+    masks = binary_masks_at(np.stack([output.masks[i] for i in ids]), height, width, upsample_masks)
+    keep = masks.reshape(len(ids), -1).any(axis=1) | np.asarray([i in shown for i in ids])
     if not keep.all():
         ids = [i for i, k in zip(ids, keep) if k]
         masks = masks[keep]

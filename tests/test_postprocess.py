@@ -36,3 +36,39 @@ def test_objectwise_non_overlap_matches_the_argmax_form(scores):
         prompts = rng.integers(-1, 3, n).tolist()
         np.testing.assert_array_equal(objectwise_non_overlap(masks, s, prompts),
                                       _non_overlap_by_argmax(masks, s, prompts))
+
+
+@pytest.mark.parametrize("family", ["sam3", "sam3.1"])
+def test_masks_with_no_positive_logit_are_not_resized_and_come_out_as_resizing_them_gives(family):
+    """binary_masks_at skips the full-size resize of objects whose logits are all <= 0 (issue 29, work
+    avoided): bilinear weights are >= 0 and sum to 1, so the result is unchanged. Absent objects
+    (NO_OBJ_SCORE), -0.0, tiny negatives beside 0, one positive pixel, NaN; sizes up and down."""
+    from sam3track.families.sam31.resize import bilinear
+    from sam3track.mask_ops import binary_masks_at
+    from sam3track.postprocess import upsample_masks
+
+    upsample = upsample_masks if family == "sam3" else (lambda x, h, w: bilinear(x, h, w) > 0)
+    rng = np.random.default_rng(1)
+    low = rng.normal(0, 4, (7, 24, 24)).astype(np.float32)
+    low[0] = -1024.0
+    low[1] = -np.abs(low[1])
+    low[1, 3, 5] = -0.0
+    low[2] = -1e-7
+    low[2, 10, 10] = 1e-7  # one positive pixel: resized
+    low[3] = -1.0
+    low[3, 0, 0] = np.nan
+    low[4] = np.float32(-1e-38)
+    resized = []
+
+    def counting(x, h, w):
+        resized.append(x.shape[0])
+        return upsample(x, h, w)
+
+    for h, w in ((97, 130), (16, 11)):
+        resized.clear()
+        got = binary_masks_at(low, h, w, counting)
+        np.testing.assert_array_equal(got, upsample(low, h, w))
+        assert got.dtype == bool and resized == [4]  # rows 2, 3 (NaN), 5, 6
+        assert not got[[0, 1, 4]].any() and (got[2].any() or h < 24)
+    resized.clear()
+    assert not binary_masks_at(low[[0, 1]], 50, 60, counting).any() and resized == []
