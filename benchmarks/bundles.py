@@ -7,7 +7,7 @@
   small tokenizer (a real snapshot's CLIP vocabulary is not needed to time a frame). Written here as an
   ordinary checkpoint directory and exported like a real one, so graphs/ needs no preset for it.
 
-A cached bundle is keyed by preset, seed, variant and a hash of the exporter's sources (graphs/*.py), so
+A cached bundle is keyed by preset, seed, variant and a hash of the exporter's sources (graphs/**/*.py), so
 a change to the graphs (say, a fused attention) exports afresh instead of measuring a stale bundle.
 """
 
@@ -59,8 +59,8 @@ class BundleInfo:
 def exporter_hash() -> str:
     """A short hash of the exporter's sources: bundles exported by other code are not reused."""
     h = hashlib.sha256()
-    for path in sorted((REPO / "graphs").glob("*.py")):
-        h.update(path.name.encode())
+    for path in sorted((REPO / "graphs").rglob("*.py")):  # the families' exporters are in subfolders
+        h.update(str(path.relative_to(REPO / "graphs")).encode())
         h.update(path.read_bytes())
     return h.hexdigest()[:10]
 

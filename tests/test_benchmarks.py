@@ -103,6 +103,22 @@ def test_a_reference_bf16_run_that_fails_drops_that_side_only():
         run_reference(args, (ref, overrides), "reference", (None, 1, 1, None))
 
 
+def test_the_bundle_cache_key_changes_with_any_exporter_source(tmp_path, monkeypatch):
+    """A cached benchmark bundle is reused only for the same exporter: a change to a family's graphs
+    (graphs/sam3/modules.py) must give a new key, or the benchmark measures the old graphs."""
+    from benchmarks import bundles
+
+    for rel in ("graphs/export.py", "graphs/sam3/modules.py", "graphs/sam31/tracker_graphs.py"):
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text("x = 1\n")
+    monkeypatch.setattr(bundles, "REPO", tmp_path)
+    keys = {bundles.exporter_hash()}
+    for rel in ("graphs/sam3/modules.py", "graphs/sam31/tracker_graphs.py", "graphs/export.py"):
+        (tmp_path / rel).write_text("x = 2\n")
+        keys.add(bundles.exporter_hash())
+    assert len(keys) == 4
+
+
 def test_count_overrides_pick_a_threshold_between_the_nth_and_next_score():
     scores = [0.9, 0.8, 0.5, 0.4]
     overrides, note = count_overrides(scores, 2)
