@@ -375,4 +375,8 @@ class MultiplexMemoryEncoder(nn.Module):
             # antialiased weights are the bilinear ones (rounding aside), so a plain Resize
             mask_input = F.interpolate(mask_input, size=(self.mask_size, self.mask_size), mode="bilinear",
                                        align_corners=False)
-        return self.fuser(self.pix_feat_proj(pix_feat) + self.downsampler(mask_input))
+        # The frame's projection runs once and is tiled over the buckets: with a broadcasting add instead,
+        # OpenVINO's CPU plugin fuses the add into the [1, ...] convolution as an in-place sum and fails
+        # for two or more buckets ("Can not clone with new dims", openvino 2026.4.1).
+        masks = self.downsampler(mask_input)
+        return self.fuser(self.pix_feat_proj(pix_feat).repeat(masks.shape[0], 1, 1, 1) + masks)
