@@ -177,12 +177,11 @@ def matmul_throughput(reps: int, threads: int | None, m: int = 4096, k: int = 10
 
 
 def cpu_flags() -> list[str]:
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return []
-    flags = next((line.split(":", 1)[1].split() for line in text.splitlines() if line.startswith("flags")), [])
-    return sorted(f for f in set(flags) if f.startswith(("amx", "avx512_bf16", "avx512_vnni", "avx512f")))
+    """The vector and matrix extensions that decide which kernels run (an AVX2-only CPU lists avx2 and fma)."""
+    from sam3track.backend_choice import cpu_model_and_flags
+
+    wanted = ("amx", "avx512_bf16", "avx512_vnni", "avx512f", "avx2", "fma", "avx_vnni")
+    return sorted(f for f in cpu_model_and_flags()[1] if f.startswith(wanted))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -208,7 +207,7 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"--bundles: {missing} hold no manifest.json (export one with python -m graphs.export)")
     rows = time_graphs(bundles, args.graphs.split(","), runtimes, [int(n) for n in args.objects.split(",")],
                        args.memories, args.pointers, args.reps, args.threads)
-    print(f"CPU flags: {' '.join(cpu_flags()) or 'unknown'}; {args.memories} memories, {args.pointers} pointers")
+    print(f"CPU flags: {' '.join(cpu_flags()) or 'none of AVX2, AVX-512, AMX'}; {args.memories} memories, {args.pointers} pointers")
     print(f"{'bundle':<16} {'runtime':<8} {'graph':<20} {'objects':>7} {'median ms':>10}  [min-max]   ms/extra object")
     for r in sorted(rows, key=lambda r: (r["graph"], r["bundle"], r["runtime"], r["objects"])):
         per = f"{r['ms_per_object']:.1f}" if "ms_per_object" in r else "-"
