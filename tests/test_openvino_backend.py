@@ -704,3 +704,19 @@ def test_parity_with_transformers_through_openvino(tiny_bundle, bikes_frames):
     assert removed, "no object was removed by the hotstart heuristics"
     assert session.events["removed"] == removed
     assert session.events["births"] == births
+
+
+def test_a_bundle_whose_memory_encoder_openvino_cannot_run_says_what_to_do():
+    """Bundles exported before 2026-12-07 broadcast the frame's projection over the memory encoder's rows;
+    OpenVINO's CPU plugin fuses that add into the one-row convolution and fails for two or more rows. The
+    error says to export again or use ONNX Runtime (the message as openvino 2026.4.1 gives it)."""
+    from sam3track.backends.openvino import _known_fault
+
+    exc = RuntimeError(
+        "Exception from src/inference/src/cpp/infer_request.cpp:224:\n[CPU] Reorder node with name "
+        "'/memory_encoder/downsampler/downsampler.12/Conv/WithoutBiases___/memory_encoder/pix_feat_proj/Conv/"
+        "WithoutBiases' Check 'getShape().isCompatible(dims)' failed\nParameterMismatch: Can not clone with new "
+        "dims. Descriptor's shape: {1, 256, 16, 16} is incompatible with provided dimensions: {2, 256, 16, 16}.")
+    hint = _known_fault("memory_encoder", exc)
+    assert "export the bundle again" in hint and "backend='onnxruntime'" in hint
+    assert _known_fault("propagation_decoder", exc) == "" and _known_fault("memory_encoder", RuntimeError("x")) == ""

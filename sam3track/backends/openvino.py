@@ -389,7 +389,8 @@ class OpenVinoBackend(Backend):
             except Exception as exc:
                 raise BackendError(f"openvino failed running graph {graph.name}: {_first_lines(exc)} (inputs "
                                    + ", ".join(f"{n} {tuple(t.shape)} {t.element_type}"
-                                               for n, t in zip(graph.input_names, bound_in)) + ")") from exc
+                                               for n, t in zip(graph.input_names, bound_in)) + ")"
+                                   + _known_fault(graph.name, exc)) from exc
             self.seconds[graph.name] += time.perf_counter() - started
             results = [request.get_output_tensor(i) for i in range(len(bound_out))]
         out = {}
@@ -493,6 +494,16 @@ def _output_name(port) -> str:
         return next(iter(names))
     result = port.get_node().get_friendly_name().rsplit("/sink_port_", 1)[0]
     return result if result in names else port.get_any_name()
+
+
+def _known_fault(graph: str, exc: Exception) -> str:
+    """What to do about a failure this version of sam3track knows the cause of ("" for others)."""
+    if graph == "memory_encoder" and "Can not clone with new dims" in str(exc):
+        # bundles exported before the frame's projection was tiled over the rows (2026-12-07)
+        return ("; this bundle's memory_encoder broadcasts the frame's features over the rows, which "
+                "OpenVINO's CPU plugin cannot run for two or more: export the bundle again with this "
+                "sam3track (python -m graphs.export), or load it with backend='onnxruntime'")
+    return ""
 
 
 def _first_lines(exc: Exception, limit: int = 3) -> str:
