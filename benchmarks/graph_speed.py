@@ -176,6 +176,9 @@ def matmul_throughput(reps: int, threads: int | None, m: int = 4096, k: int = 10
     return {"shape": [m, k, n], "gflops": out, "best_gflops": best}
 
 
+NO_FLAGS = "none of AVX2, AVX-512, AMX (or no /proc/cpuinfo)"
+
+
 def cpu_flags() -> list[str]:
     """The vector and matrix extensions that decide which kernels run (an AVX2-only CPU lists avx2 and fma)."""
     from sam3track.backend_choice import cpu_model_and_flags
@@ -207,7 +210,8 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"--bundles: {missing} hold no manifest.json (export one with python -m graphs.export)")
     rows = time_graphs(bundles, args.graphs.split(","), runtimes, [int(n) for n in args.objects.split(",")],
                        args.memories, args.pointers, args.reps, args.threads)
-    print(f"CPU flags: {' '.join(cpu_flags()) or 'none of AVX2, AVX-512, AMX'}; {args.memories} memories, {args.pointers} pointers")
+    print(f"CPU flags: {' '.join(cpu_flags()) or NO_FLAGS}; {args.memories} memories, "
+          f"{args.pointers} pointers")
     print(f"{'bundle':<16} {'runtime':<8} {'graph':<20} {'objects':>7} {'median ms':>10}  [min-max]   ms/extra object")
     for r in sorted(rows, key=lambda r: (r["graph"], r["bundle"], r["runtime"], r["objects"])):
         per = f"{r['ms_per_object']:.1f}" if "ms_per_object" in r else "-"

@@ -81,7 +81,7 @@ def _header(r: dict) -> list[str]:
     code = r.get("code")
     if code:
         lines += [f"**Code:** commit {code['commit']}{' with uncommitted changes' if code['dirty'] else ''}, "
-                  f"graphs/*.py hash {code['graphs_hash']}.", ""]
+                  f"graphs/**/*.py hash {code['graphs_hash']}.", ""]
     lines += [f"**Model:** {r['model']}", ""]
     lines += [f"**Run:** {s['frames']} frames of `{s['clip']}` from frame {s['start_frame']} "
               f"({s['video_size']}), prompts {', '.join(repr(p) for p in s['prompts'])}; {s['reps']} repetitions per "

@@ -44,7 +44,7 @@ from pathlib import Path
 import numpy as np
 
 from benchmarks.flops import count_graph
-from benchmarks.graph_speed import cpu_flags, graph_inputs, openvino_request, session
+from benchmarks.graph_speed import NO_FLAGS, cpu_flags, graph_inputs, openvino_request, session
 
 GRAPHS = ("backbone", "text_encoder", "grounding_head", "propagation_decoder", "memory_encoder")
 PER_OBJECT = ("propagation_decoder", "memory_encoder", "interactive_decoder", "mask_init")
@@ -339,7 +339,7 @@ def markdown(r: dict) -> str:
     m, s = r["machine"], r["settings"]
     lines = ["# Roofline: sam3track's graphs against this CPU's measured peaks", "",
              f"`{r['command']}`, {r['started']} to {r['finished']}.", "",
-             f"**Machine:** {m['cpu']}, {m['cores']} cores, CPU flags {' '.join(m['flags']) or 'none of avx512/amx'}; "
+             f"**Machine:** {m['cpu']}, {m['cores']} cores, CPU flags {' '.join(m['flags']) or NO_FLAGS}; "
              f"load average {m['load_start']} at the start, {m['load_end']} at the end (a shared machine: other jobs "
              "ran beside this one, so every time here is an upper bound of the quiet machine's). "
              + ", ".join(f"{k} {v}" for k, v in m["versions"].items()) + ".", "",

@@ -113,7 +113,7 @@ def machine_info() -> dict:
 
 
 def code_info() -> dict:
-    """The commit measured (and whether the work tree had changes), and the hash of graphs/*.py that
+    """The commit measured (and whether the work tree had changes), and the hash of graphs/**/*.py that
     keys the bundle cache."""
     def git(*a):
         try:

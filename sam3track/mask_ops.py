@@ -2,14 +2,14 @@
 occlusion suppression) in numpy and OpenCV; nothing here imports torch.
 
 Each function reproduces one function of transformers' ``modeling_sam3_video.py`` bit for bit on
-float32 inputs. Pairwise quantities are reduced over pixel chunks, never as an ``N x N x H x W``
+float32 inputs (``binary_masks_at``: work avoided around a caller's resize, with the same result). Pairwise quantities are reduced over pixel chunks, never as an ``N x N x H x W``
 array, so memory stays ``O((N + M) * chunk + N * M)``. The function-by-function map and the CUDA
 kernels' semantics it follows (``generic_nms``, ``cc_2d``): docs/architecture.md, "Mask post-processing".
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import cv2
 import numpy as np
@@ -342,7 +342,8 @@ def objects_to_suppress_by_recent_occlusion(
     return suppress_i.any(axis=1) | suppress_j.any(axis=0)
 
 
-def binary_masks_at(low_res: np.ndarray, height: int, width: int, upsample) -> np.ndarray:
+def binary_masks_at(low_res: np.ndarray, height: int, width: int,
+                    upsample: Callable[[np.ndarray, int, int], np.ndarray]) -> np.ndarray:
     """bool [N, height, width] masks of logits [N, h, w]: ``upsample(logits, height, width)`` (a bilinear
     resize thresholded at 0) for the rows with a logit > 0 (or NaN), all False for the others without
     resizing them. Bilinear weights are >= 0 and sum to 1, so a row whose logits are all <= 0 (an absent

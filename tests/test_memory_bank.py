@@ -297,8 +297,6 @@ def test_the_host_store_keeps_a_few_bytes_of_bookkeeping_per_entry():
 def test_a_session_spills_to_a_file_it_closes_on_close(tiny_bundle):
     """With no host memory for it, what left the device is all in the spill file, closed (so gone: it
     has no name) once the session closes; the pools hold one window, whatever the clip's length."""
-    from .test_parity import record_events, synthetic_frames
-
     frames = synthetic_frames()[:24]
     with sam3track.load(tiny_bundle, memory_store_ram_mib=0) as p:
         s = p.start_session(frames)
@@ -322,8 +320,6 @@ def test_a_one_pass_session_keeps_no_history_and_the_cli_job_asks_for_one(tiny_b
     import io
 
     from sam3track.jobs.track import TrackJob, run_track
-
-    from .test_parity import record_events, synthetic_frames
 
     frames = synthetic_frames()[:12]
     with sam3track.load(tiny_bundle) as p:
@@ -357,9 +353,6 @@ def test_a_one_pass_session_keeps_no_history_and_the_cli_job_asks_for_one(tiny_b
         assert asked == [False]
 
 
-FRAMES = 26  # the second block is born on frame 25
-
-
 def test_a_frame_with_births_encodes_each_memory_once(tiny_bundle, monkeypatch):
     """On a frame with births the reference re-encodes the tracked objects' memories from their thresholded
     masks (with match_reference_quirks); the planned memories those replace are not made at all (issue 29, work
@@ -375,7 +368,7 @@ def test_a_frame_with_births_encodes_each_memory_once(tiny_bundle, monkeypatch):
         return encode(self, features, obj_ids, frame, logits, scores, binarize, via_image)
 
     monkeypatch.setattr(FrameLoop, "encode_memory", spy)
-    frames = synthetic_frames()[:FRAMES]
+    frames = synthetic_frames()[:26]  # the second block is born on frame 25
     with sam3track.load(tiny_bundle, hotstart_delay=0, new_det_thresh=0.85, match_reference_quirks=True) as p, \
             p.start_session(frames) as s:
         events = record_events(s)
@@ -391,5 +384,8 @@ def test_a_frame_with_births_encodes_each_memory_once(tiny_bundle, monkeypatch):
     crowded = [f for f in set(born.values()) if any(b < f for b in born.values())]
     assert crowded, f"the clip has no births beside tracked objects to exercise: {born}"
     f = min(crowded)
+    # every object alive there has its memory of the frame made, once: the older ones binarized with the births
+    alive = {o for o, b in born.items() if b <= f and o not in events["removed"]}
+    assert set(per_frame[f]) == alive, (per_frame[f], born)
     reencoded = [ids for frame, ids, binarized in calls if frame == f and binarized]
     assert reencoded and any(born[o] < f for o in reencoded[0]), calls

@@ -707,7 +707,7 @@ def test_parity_with_transformers_through_openvino(tiny_bundle, bikes_frames):
 
 
 def test_a_bundle_whose_memory_encoder_openvino_cannot_run_says_what_to_do():
-    """Bundles exported before 2026-12-07 broadcast the frame's projection over the memory encoder's rows;
+    """SAM 3.1 bundles exported before 2026-12-07 broadcast the frame's projection over the memory encoder's rows;
     OpenVINO's CPU plugin fuses that add into the one-row convolution and fails for two or more rows. The
     error says to export again or use ONNX Runtime (the message as openvino 2026.4.1 gives it)."""
     from sam3track.backends.openvino import _known_fault

@@ -58,13 +58,14 @@ def test_masks_with_no_positive_logit_are_not_resized_and_come_out_as_resizing_t
     low[3] = -1.0
     low[3, 0, 0] = np.nan
     low[4] = np.float32(-1e-38)
+    low[4, 2, 2] = -np.inf
     resized = []
 
     def counting(x, h, w):
         resized.append(x.shape[0])
         return upsample(x, h, w)
 
-    for h, w in ((97, 130), (16, 11)):
+    for h, w in ((97, 130), (16, 11), (12, 12)):  # up, down, an exact 2x down (OpenCV's INTER_AREA path)
         resized.clear()
         got = binary_masks_at(low, h, w, counting)
         np.testing.assert_array_equal(got, upsample(low, h, w))
@@ -72,3 +73,22 @@ def test_masks_with_no_positive_logit_are_not_resized_and_come_out_as_resizing_t
         assert not got[[0, 1, 4]].any() and (got[2].any() or h < 24)
     resized.clear()
     assert not binary_masks_at(low[[0, 1]], 50, 60, counting).any() and resized == []
+
+
+def test_build_result_drops_hidden_objects_even_when_shown_and_keeps_shown_empty_ones():
+    """build_result resizes only what it returns: a hidden id is left out even when `shown` names it,
+    an absent object (all logits <= 0) is left out unless `shown` names it, then with an empty mask."""
+    from types import SimpleNamespace
+
+    from sam3track.postprocess import build_result
+
+    low = np.full((4, 16, 16), -1024.0, np.float32)
+    low[0, 4:12, 4:12] = 5.0
+    low[1, 2:6, 2:6] = 5.0
+    out = SimpleNamespace(frame_index=3, masks={i: low[i] for i in range(4)}, suppressed={1},
+                          scores={i: 0.9 for i in range(4)}, tracker_scores={i: 0.8 for i in range(4)},
+                          prompts={i: 0 for i in range(4)}, user_objects=set())
+    r = build_result(out, ["dog"], 32, 48, hidden={2}, shown={1, 2, 3})
+    assert r.object_ids.tolist() == [0, 3]
+    assert r.masks.shape == (2, 32, 48) and r.masks[0].any() and not r.masks[1].any()
+    assert build_result(out, ["dog"], 32, 48, hidden={0, 2, 3}).object_ids.tolist() == []

@@ -379,10 +379,11 @@ class MemoryEncoder(nn.Module):
         mask_for_mem = torch.where(binarize[:, None, None, None] > 0.5, hard, soft)
         mask_for_mem = mask_for_mem * trk.config.sigmoid_scale_for_mem_enc + trk.config.sigmoid_bias_for_mem_enc
         # Sam3TrackerVideoMemoryEncoder.forward, except that the frame's feature projection, the same for
-        # every object, runs once and is tiled, not run on a copy per object. A Tile, not a broadcast
-        # or an Expand (which it removes): OpenVINO's CPU plugin fuses a broadcasting add into the
-        # [1, ...] convolution as an in-place sum and fails for two or more objects ("Can not clone with
-        # new dims", openvino 2026.4.1; graphs/sam31/tracker_parts.py had the same fault).
+        # every object, runs once and is tiled, not run on a copy per object. Tiled, not broadcast: OpenVINO's
+        # CPU plugin fuses a broadcasting add (or one after an Expand, which it removes) into the [1, ...]
+        # convolution as an in-place sum and fails for two or more objects ("Can not clone with new dims",
+        # openvino 2026.4.1; graphs/sam31/tracker_parts.py had the same fault). torch exports repeat as a
+        # no-op Expand and a Tile.
         enc = trk.memory_encoder
         n = mask_for_mem.shape[0]
         features = enc.feature_projection(tracker_feat).repeat(n, 1, 1, 1) + enc.mask_downsampler(mask_for_mem)

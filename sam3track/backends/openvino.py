@@ -499,7 +499,7 @@ def _output_name(port) -> str:
 def _known_fault(graph: str, exc: Exception) -> str:
     """What to do about a failure this version of sam3track knows the cause of ("" for others)."""
     if graph == "memory_encoder" and "Can not clone with new dims" in str(exc):
-        # bundles exported before the frame's projection was tiled over the rows (2026-12-07)
+        # SAM 3.1 bundles exported before the frame's projection was tiled over the buckets (2026-12-07)
         return ("; this bundle's memory_encoder broadcasts the frame's features over the rows, which "
                 "OpenVINO's CPU plugin cannot run for two or more: export the bundle again with this "
                 "sam3track (python -m graphs.export), or load it with backend='onnxruntime'")

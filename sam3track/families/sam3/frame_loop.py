@@ -176,12 +176,11 @@ class FrameLoop:
 
     def pool_room(self, frame: int, managed: list[int], user: list[int]) -> PoolRoom:
         """What the pools hold for this frame's births, read after propagation: each birth takes a pointer
-        and a memory, after the memories of the objects tracked now (and, with match_reference_quirks,
-        their memories encoded again on a frame with births)."""
+        and a memory, after the memories of the objects tracked now. (With match_reference_quirks a frame
+        with births encodes some of those memories binarized instead, not twice: execute.)"""
         bank = self.bank
         encoded = len(managed) + sum(not bank.has_cond(o, frame) for o in user)
-        again = sum(not bank.has_cond(o, frame) for o in managed) if self.config.match_reference_quirks else 0
-        births = min(bank.pointers.free_rows, bank.memories.free_rows - encoded - again)
+        births = min(bank.pointers.free_rows, bank.memories.free_rows - encoded)
         held = self.config.objects_held(bank.memories.capacity, bank.pointers.capacity)
         return PoolRoom(held, max(births, 0))
 
@@ -291,8 +290,8 @@ class FrameLoop:
         # The reference re-encodes every tracked object's memory of a frame with births from its
         # thresholded mask (a quirk: it couples prompts); otherwise only the new objects are encoded.
         # Those memories replace the planned ones, so the planned ones are not made for them at all.
-        again = [i for i, o in enumerate(old_ids) if plan.new_obj_ids and quirks and not bank.has_cond(o, frame)]
-        planned = np.asarray([i for i in range(len(old_ids)) if i not in again], np.int64)
+        again = [i for i, o in enumerate(old_ids) if not bank.has_cond(o, frame)] if plan.new_obj_ids and quirks else []
+        planned = np.setdiff1d(np.arange(len(old_ids)), again).astype(np.int64)
         memory_masks = plan.memory_masks.reshape(-1, *user.raw.shape[1:])[planned]
         self.encode_memory(features, [old_ids[i] for i in planned] + user.obj_ids, frame,
                            np.concatenate([memory_masks, user.raw]),
