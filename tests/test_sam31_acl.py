@@ -20,7 +20,7 @@ import sam3track
 from graphs.sam31 import reference as ref
 from sam3track.testing.acl_emulator import install
 
-from .conftest import CLIPS, CPU_ISA, mask_iou
+from .conftest import CLIPS, CPU_CLASS, CPU_ISA, mask_iou
 from .export_cache import cached_conversion
 from .reference_video import TIE  # a logit this close to 0 may threshold either way
 
@@ -152,10 +152,11 @@ def test_text_tracking_on_acl_matches_onnxruntime(runs):
 # unplanned run. ONNX Runtime forced to the OM bundle's compiled gears (gears="compiled") gives the acl
 # run's masks exactly, so the emulated acl path is right and the difference is the batching's rounding.
 # Measured to diverge on AMD Zen 4 (avx512-bf16); on a Xeon with AMX (avx512-amx) the tie does not
-# flip, with two threads and with one (a pytest-xdist worker's share of 2 cores), so no mark there.
-# Elsewhere not measured: non-strict.
+# flip, with two threads and with one (a pytest-xdist worker's share of 2 cores), so no mark there; nor
+# on an AMD EPYC with AVX2 only with one thread (two CI runs, 2026-12-07, before and after the memory
+# encoders' tiled projection). Elsewhere not measured: non-strict.
 BUCKET_CHUNK_ROUNDING = pytest.mark.xfail(
-    CPU_ISA != "avx512-amx", strict=CPU_ISA == "avx512-bf16",
+    CPU_ISA != "avx512-amx" and CPU_CLASS != "avx2/1-thread", strict=CPU_ISA == "avx512-bf16",
     reason="one bucket per memory_encoder call rounds the memories differently from ONNX Runtime's two-bucket "
     "call; a near tie on frame 2 flips (matches ONNX Runtime at the compiled gears)")
 
