@@ -389,3 +389,32 @@ def test_workers_that_can_never_be_placed_are_refused_before_any_task() -> None:
         check_fits(two_nodes, Demand(workers=1, cpus=5, gpus=0), "the cluster")
     with pytest.raises(UsageError, match=r"has 0 GPUs; add nodes that have some$"):
         check_fits(_ClusterView([{"CPU": 2.0}]), Demand(workers=1, cpus=1, gpus=1), "the local Ray")
+
+
+def test_a_killed_workers_scratch_is_removed_by_the_next_worker_and_a_live_one_is_kept(tmp_path, monkeypatch):
+    """A worker killed mid-video cannot remove its scratch (a fetched video can be gigabytes); the next
+    worker to start on the machine does: the dead one's lock is free, a live worker's is held. Folders
+    without a lock file (older sam3track, or not ours) are left alone."""
+    import tempfile
+
+    from sam3track.batch import scratch
+
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    child = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time\nfrom sam3track.batch.scratch import scratch_folder\n"
+         "with scratch_folder() as f:\n    open(f + '/video.mp4', 'wb').write(b'x' * 1000)\n"
+         "    print(f, flush=True)\n    time.sleep(600)"],
+        stdout=subprocess.PIPE, text=True, env={**os.environ, "TMPDIR": str(tmp_path)})
+    dead = child.stdout.readline().strip()
+    legacy = tmp_path / "sam3track-batch-legacy"
+    legacy.mkdir()
+    with scratch.scratch_folder() as live:
+        assert Path(dead).parent == tmp_path and Path(live).parent == tmp_path
+        assert scratch.remove_orphaned_scratch() == []  # the child is alive: its folder stays
+        child.kill()
+        child.wait()
+        assert scratch.remove_orphaned_scratch() == [dead]
+        assert Path(live).is_dir() and legacy.is_dir() and not Path(dead).exists()
+    assert not Path(live).exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["sam3track-batch-legacy"]

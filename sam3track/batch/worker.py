@@ -8,7 +8,6 @@ from __future__ import annotations
 import io
 import os
 import shutil
-import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -16,6 +15,7 @@ from typing import Any
 
 from sam3track.batch import storage
 from sam3track.batch.ledger import VideoSummary
+from sam3track.batch.scratch import remove_orphaned_scratch, scratch_folder
 from sam3track.errors import Sam3TrackError
 
 MAX_TASK_RETRIES = 2  # a video whose worker dies is tried at most 3 times in all
@@ -120,6 +120,7 @@ class Worker:
         if hooks.get("pid_dir"):  # its threads, and which sam3track it runs (the tests' checkout?)
             Path(hooks["pid_dir"], str(os.getpid())).write_text(f"threads={self.threads}\n{sam3track.__file__}")
         self.predictor = sam3track.load(bundle, backend=backend, device=device, **options)
+        remove_orphaned_scratch()  # what a killed worker on this machine left (this one may replace it)
 
     def pid(self) -> int:
         """Answers once the worker is up: the driver sends it videos only then."""
@@ -132,15 +133,13 @@ class Worker:
         attempt = ray.get(self.board.started.remote(video))
         self._test_hooks(video)
         started = time.perf_counter()
-        scratch = tempfile.mkdtemp(prefix="sam3track-batch-")
         try:
-            code, reason, report = self._track(video, prompts, outputs, scratch)
+            with scratch_folder() as scratch:
+                code, reason, report = self._track(video, prompts, outputs, scratch)
         except Sam3TrackError as e:  # fetching or uploading: the message names the URL
             code, reason, report = -1, str(e).splitlines()[0], {}
         except Exception as e:  # anything run_track does not report itself: still this video's
             code, reason, report = -1, f"{type(e).__name__}: {e}".splitlines()[0], {}
-        finally:
-            shutil.rmtree(scratch, ignore_errors=True)
         seconds = round(time.perf_counter() - started, 3)
         if code != 0:
             return VideoSummary(video, "failed", seconds=seconds, reason=reason, settings=settings,
