@@ -66,8 +66,8 @@ def scores_31(bundle: Path, frame: np.ndarray, text: str, threads: int | None) -
     found = []
     original = trk.Sam31Tracker.detect
 
-    def detect(self, features):
-        det = original(self, features)
+    def detect(self, features, *rest):
+        det = original(self, features, *rest)
         found.append(det.scores[det.keep].copy())
         return det
 

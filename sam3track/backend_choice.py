@@ -4,8 +4,9 @@ Fixed rules first: $SAM3TRACK_BACKEND names a backend; an explicit precision= or
 OpenVINO; an NPU device runs an OM bundle on acl; a GPU or CANN device runs ONNX Runtime. On a CPU,
 the candidates (OpenVINO bf16 where the CPU lists BF16, OpenVINO fp32) are measured against ONNX
 Runtime fp32, the path the parity tests hold to the reference: the same short synthetic clip, a text
-prompt and clicks that force three objects, tracked through both. A candidate passes the fidelity gate
-when the ids are equal on every frame and mask IoU has mean >= 0.99 and min >= 0.95 (the parity
+prompt and clicks that force three objects, tracked through both, after every graph that takes rows
+has run at one and at three (sweep_rows: a path that refuses larger calls fails). A candidate passes
+the fidelity gate when the ids are equal on every frame and mask IoU has mean >= 0.99 and min >= 0.95 (the parity
 tolerances); the fastest passing path wins if it is faster per frame than ONNX Runtime at all and its
 memory while tracking stays within what the defaults promise (allowed_memory_mb: 3.5 GB, or ONNX
 Runtime's own where that is more) and within half the machine's (full size: OpenVINO bf16 is 2.6x
@@ -31,6 +32,10 @@ import numpy as np
 
 GATE_FRAMES = 4  # a conditioning frame and three propagated ones that read its memory
 IOU_MEAN, IOU_MIN = 0.99, 0.95  # tests/test_parity.py's tolerances
+# sweep_rows: the axes that count rows, and the sizes each row-taking graph runs at before the clip
+# (3 objects; on SAM 3.1, 3 buckets, as 33-48 objects take)
+SWEEP_AXES = ("objects", "buckets", "memory_rows", "pointer_rows")
+SWEEP_ROWS = (1, 3)
 MIN_GAIN = 0.9  # a candidate must take under 90% of ONNX Runtime's time per frame: noise is no reason
 # The gate's peak RSS over the bundle's weights: 12.6 GB for the 3.1 GB full-size bundle (OpenVINO's bf16
 # compile the largest part; benchmarks/full_size.py, cold load of "auto"). With less memory available
@@ -41,7 +46,7 @@ GATE_MEMORY_FACTOR = 4
 # there (+256 MB of noise) where that is more.
 DEFAULTS_MEMORY_MB = 3584.0
 MEMORY_SLACK_MB = 256.0
-SCHEMA = 2  # 2: the memory allowance (verdicts of 1 may hold a path it refuses)
+SCHEMA = 3  # 2: the memory allowance; 3: sweep_rows (verdicts of 1-2 may hold a path they refuse)
 ENV_BACKEND = "SAM3TRACK_BACKEND"
 log = logging.getLogger("sam3track")
 
@@ -238,6 +243,7 @@ def track_gate_clip(predictor, frames: np.ndarray, clicks: list[list[int]]):
     the hotstart delay, so the pass is timed whole) and the process's resident MB once tracked (None
     where unknown); closes the predictor."""
     with predictor, predictor.start_session(frames) as session:
+        sweep_rows(predictor)
         session.add_prompt(frame_index=0, text="object")
         for click in clicks:
             session.add_prompt(frame_index=0, points=[click], labels=[1])
@@ -247,6 +253,42 @@ def track_gate_clip(predictor, frames: np.ndarray, clicks: list[list[int]]):
         seconds = time.perf_counter() - start
         rss = resident_mb()
     return out, 1000 * seconds / max(len(out), 1), rss
+
+
+def sweep_rows(predictor) -> None:
+    """Run every graph with a row axis (objects, buckets) at one row and then at several, on seeded
+    feeds; raises what the path raises. The gate clip's calls are mostly of one row, and OpenVINO
+    2026.4.1's CPU plugin ran those but refused every larger call of graphs that add one frame's
+    features to each row (SAM 3.1 bundles exported before 2026-12-07)."""
+    for name, graph in predictor.graphs.items():
+        for rows in SWEEP_ROWS:
+            feeds = sweep_feeds(predictor, name, rows)
+            if feeds is None:
+                break
+            for out_name, tensor in predictor.backend.run(graph, feeds).items():
+                host = predictor.backend.to_host(tensor)
+                if host.dtype.kind == "f" and not np.isfinite(host).all():
+                    raise RuntimeError(f"graph {name} gave non-finite {out_name} at {rows} rows")
+
+
+def sweep_feeds(predictor, name: str, rows: int, seed: int = 0) -> dict | None:
+    """Seeded feeds of graph ``name`` in the manifest's shapes with ``rows`` on every row axis (one
+    memory and one pointer per row, indices 0, *_valid 1), at the sizes the backend plans; None for a
+    graph without a row axis."""
+    inputs = predictor.bundle.manifest["graphs"][name]["inputs"]
+    if not any(set(t["shape"]) & set(SWEEP_AXES) for t in inputs):
+        return None
+    grid = predictor.bundle.manifest.get("config", {}).get("geometry", {}).get("grid")
+    want = {**{axis: rows for axis in SWEEP_AXES}, "mask_side": 16 * grid if grid else 1}
+    rng = np.random.default_rng(seed)
+    feeds = {}
+    for t in inputs:
+        shape = [d if isinstance(d, int) else predictor.backend.plan(predictor.graphs[name], d, want.get(d, 1))
+                 for d in t["shape"]]
+        value = (np.ones(shape) if t["name"].endswith("_valid") else np.zeros(shape)
+                 if t["dtype"].startswith("int") else rng.standard_normal(shape))
+        feeds[t["name"]] = np.ascontiguousarray(value, dtype=t["dtype"])
+    return feeds
 
 
 def resident_mb() -> float | None:

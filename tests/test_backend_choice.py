@@ -195,3 +195,26 @@ def test_too_little_memory_for_the_gate_takes_onnxruntime_unmeasured(tiny_bundle
     assert choice.backend == "onnxruntime" and not choice.measured
     assert choice.reason.startswith("ONNX Runtime fp32, not measured: measuring the faster paths would take about")
     assert "measuring which path" not in capfd.readouterr().err and not auto.exists()
+
+
+def test_the_gate_runs_every_row_taking_graph_at_several_rows_first(tiny_bundle):
+    """The gate clip's calls are mostly of one row; before it, each graph with a row axis runs at 1 and
+    3 rows, so a path that refuses larger calls (OpenVINO's CPU plugin did, on SAM 3.1's mask_init) fails
+    the gate instead of the user's first frame with two births. The predictor is closed either way."""
+    from sam3track.errors import BackendError
+
+    predictor = sam3track.load(tiny_bundle, backend="onnxruntime")
+    real, rows = predictor.backend.run, {}
+
+    def run(graph, inputs, outputs=None):
+        if graph.name == "mask_init":
+            rows.setdefault(graph.name, []).append(inputs["masks"].shape[0])
+            if inputs["masks"].shape[0] > 1:
+                raise BackendError("refused: two or more rows")
+        return real(graph, inputs, outputs)
+
+    predictor.backend.run = run
+    frames, clicks = bc.gate_clip(predictor.bundle.manifest)
+    with pytest.raises(BackendError, match="two or more rows"):
+        bc.track_gate_clip(predictor, frames[:2], clicks)
+    assert rows["mask_init"] == [1, 3] and predictor.closed

@@ -721,3 +721,32 @@ def test_a_bundle_whose_memory_encoder_openvino_cannot_run_says_what_to_do():
     hint = _known_fault("memory_encoder", exc)
     assert "export the bundle again" in hint and "backend='onnxruntime'" in hint
     assert _known_fault("propagation_decoder", exc) == "" and _known_fault("memory_encoder", RuntimeError("x")) == ""
+    mask_init = _known_fault("mask_init", exc)
+    assert "mask_init broadcasts" in mask_init and "export the bundle again" in mask_init
+
+
+@pytest.mark.parametrize("family", ["tiny_bundle", "sam31_bundle"])
+def test_every_graph_that_takes_rows_runs_on_openvino_at_any_row_count(family, request):
+    """Each graph with a row axis runs on OpenVINO at 1, 3, 20 and again 1 rows (SAM 3.1: buckets) and
+    gives ONNX Runtime's outputs. OpenVINO 2026.4.1's CPU plugin fused a [1] + [N] add of two
+    convolutions into an in-place sum and refused every call of two or more rows after the first: SAM 3.1's
+    memory_encoder (17+ objects) and mask_init (two births on one frame) broadcast one frame's features
+    that way until both tiled them."""
+    from sam3track.backend_choice import sweep_feeds
+
+    bundle = request.getfixturevalue(family)
+    with sam3track.load(bundle, backend="openvino") as ov_side, sam3track.load(bundle, backend="onnxruntime") as ort_side:
+        checked = set()
+        for name in ov_side.graphs:
+            for rows in (1, 3, 20, 1):
+                feeds = sweep_feeds(ov_side, name, rows)
+                if feeds is None:
+                    break
+                want = {k: ort_side.backend.to_host(t) for k, t in ort_side.backend.run(ort_side.graphs[name], feeds).items()}
+                got = {k: ov_side.backend.to_host(t) for k, t in ov_side.backend.run(ov_side.graphs[name], feeds).items()}
+                for k, w in want.items():
+                    assert got[k].shape == w.shape, (name, rows, k)
+                    # the memory encoders round to bf16 inside (a few ulps of bf16 apart), the rest 1e-5
+                    assert np.abs(got[k].astype(np.float64) - w).max() <= 1e-2 * max(np.abs(w).max(), 1e-6), (name, rows, k)
+                checked.add(name)
+    assert {"propagation_decoder", "memory_encoder", "mask_init", "interactive_decoder"} <= checked

@@ -424,24 +424,3 @@ def test_box_grounding_head_runs_on_openvino(bundle, sam31_reference):
            "pred_boxes": z["out.pred_boxes_xyxy"], "pred_masks": z["out.pred_masks"]}
     for name, want in ref.items():
         assert np.abs(out[name] - want).max() <= 1e-4 * np.abs(want).max(), name
-
-
-def test_the_memory_encoder_runs_several_buckets_on_openvino(bundle):
-    """Two buckets in one memory_encoder call on OpenVINO's CPU plugin give ONNX Runtime's memories. With
-    the frame's projection broadcast over the buckets, the plugin fused the add into the one-row
-    convolution and refused any call of two or more buckets (17+ objects)."""
-    import json
-
-    import numpy as np
-    import onnxruntime as ort
-
-    from benchmarks.graph_speed import graph_inputs
-    from sam3track.backends.openvino import shared_core
-
-    feeds = graph_inputs(json.loads((bundle / "manifest.json").read_text()), "memory_encoder", 20, 1, 1)
-    path = str(bundle / "memory_encoder.onnx")
-    model = shared_core().compile_model(path, "CPU", {"INFERENCE_PRECISION_HINT": "f32"})
-    got = {o.get_any_name(): v for o, v in model(feeds).items()}["maskmem_features"]
-    want = ort.InferenceSession(path, providers=["CPUExecutionProvider"]).run(["maskmem_features"], feeds)[0]
-    assert got.shape[0] == want.shape[0] == 2
-    assert np.abs(got - want).max() <= 1e-2 * np.abs(want).max()  # both bf16-rounded: a few ulps of bf16

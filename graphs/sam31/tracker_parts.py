@@ -309,7 +309,10 @@ class SamMaskHead(nn.Module):
         m = self.mask_tokens.shape[0]
         tokens = torch.cat([self.obj_score_token, self.iou_token, self.mask_tokens], dim=0)
         tokens = torch.cat([tokens.expand(n, -1, -1), sparse], dim=1)
-        hs, src = self.transformer(point_embeddings=tokens[:, None], image_embeddings=pix_feat + dense,
+        # tiled, not broadcast: OpenVINO's CPU plugin fuses a [1] + [N] add of two convolutions' outputs
+        # (mask_init's dense prompt is one) into an in-place sum and refuses every call of N >= 2
+        image = pix_feat.repeat(n, 1, 1, 1) + dense
+        hs, src = self.transformer(point_embeddings=tokens[:, None], image_embeddings=image,
                                    image_positional_embeddings=dense_pe.expand(n, -1, -1, -1),
                                    attention_similarity=None)
         hs = hs[:, 0]

@@ -498,9 +498,10 @@ def _output_name(port) -> str:
 
 def _known_fault(graph: str, exc: Exception) -> str:
     """What to do about a failure this version of sam3track knows the cause of ("" for others)."""
-    if graph == "memory_encoder" and "Can not clone with new dims" in str(exc):
-        # SAM 3.1 bundles exported before the frame's projection was tiled over the buckets (2026-12-07)
-        return ("; this bundle's memory_encoder broadcasts the frame's features over the rows, which "
+    if graph in ("memory_encoder", "mask_init") and "Can not clone with new dims" in str(exc):
+        # SAM 3.1 bundles exported before the frame's features were tiled over the rows (memory_encoder
+        # and mask_init, 2026-12-07)
+        return (f"; this bundle's {graph} broadcasts the frame's features over the rows, which "
                 "OpenVINO's CPU plugin cannot run for two or more: export the bundle again with this "
                 "sam3track (python -m graphs.export), or load it with backend='onnxruntime'")
     return ""
