@@ -71,13 +71,15 @@ def scores_31(bundle: Path, frame: np.ndarray, text: str, threads: int | None) -
         found.append(det.scores[det.keep].copy())
         return det
 
-    trk.Sam31Tracker.detect = detect
-    try:
-        with sam3track.load(bundle, threads=threads, score_threshold_detection=0.0, new_det_thresh=1.0,
-                            **FIXED_31) as predictor, predictor.start_session(frame[None]) as session:
-            session.add_prompt(frame_index=0, text=text)
-    finally:
-        trk.Sam31Tracker.detect = original
+    with sam3track.load(bundle, threads=threads, score_threshold_detection=0.0, new_det_thresh=1.0,
+                        **FIXED_31) as predictor:
+        # patched after the load: backend="auto"'s first load tracks its own gate clip through detect
+        trk.Sam31Tracker.detect = detect
+        try:
+            with predictor.start_session(frame[None]) as session:
+                session.add_prompt(frame_index=0, text=text)
+        finally:
+            trk.Sam31Tracker.detect = original
     return sorted(found[0].tolist(), reverse=True)
 
 

@@ -56,11 +56,8 @@ class MaskInputs:
         binary = bilinear(det_logits, side, side) > 0
         h, w = self.video_hw
         video = bilinear_antialias(binary.astype(np.float32), h, w) > 0.5
-        wiped = video.copy()
-        n = video.shape[0]
-        if n > 1:
-            for i in range(n):
-                wiped[i] &= ~np.delete(video, i, axis=0).any(0)
+        # a pixel stays only in a mask no other mask covers: one count, not N reductions over N - 1 masks
+        wiped = video & (video.sum(axis=0, dtype=np.int32) == 1)
         size = cfg.low_res_mask_size
         return bilinear_antialias(np.where(wiped, NO_OBJ_SCORE, -NO_OBJ_SCORE).astype(np.float32), size, size)
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 
 from ...errors import ObjectIdError, PromptError, VideoError, object_id_argument, shown
-from ...postprocess import masks_to_boxes
+from ...postprocess import masks_to_boxes, objectwise_non_overlap
 from ...prompts import box_rows, parse_clicks
 from ...results import FrameResult
 from ...session_base import SessionBase, check_direction, check_max_frames, check_stream_frame, clicked_object_id
@@ -38,17 +38,6 @@ def pixel_values(rgb: np.ndarray, config) -> np.ndarray:
     std = np.asarray(config.image_std, np.float16)[:, None, None]
     x = ((x - mean).astype(np.float16) / std).astype(np.float16)
     return np.ascontiguousarray(x.astype(np.float32)[None])
-
-
-def objectwise_non_overlap(masks: np.ndarray, probs: np.ndarray) -> np.ndarray:
-    """Meta's _apply_object_wise_non_overlapping_constraints on bool masks (background 0): each pixel
-    goes to the mask of the highest tracker probability (ties: the first object)."""
-    if masks.shape[0] <= 1:
-        return masks
-    value = np.where(masks, probs[:, None, None].astype(np.float32), np.float32(0.0))
-    winner = np.argmax(value, axis=0)
-    keep = winner[None] == np.arange(masks.shape[0])[:, None, None]
-    return masks & keep & (value > 0)
 
 
 def box_prompt_of(predictor, frame: int, boxes, box_labels, height: int, width: int) -> BoxPrompt:
@@ -345,7 +334,9 @@ class Sam31Session(SessionBase):
             keep |= asked
         ids = np.asarray(ids, np.int64)[keep]
         masks, probs, tracker_probs = masks[keep], probs[keep], tracker_probs[keep]
-        masks = objectwise_non_overlap(masks, tracker_probs)
+        # Meta's _apply_object_wise_non_overlapping_constraints (background 0) is SAM 3's rule with every
+        # object in one group: the argmax over where(mask, probability, 0), in its priority-order form
+        masks = objectwise_non_overlap(masks, tracker_probs, [0] * len(ids)) if len(ids) > 1 else masks
         return FrameResult(frame_index=frame, object_ids=ids, scores=probs, boxes_xyxy=masks_to_boxes(masks),
                            masks=masks, prompts=[self.tracker_text] * len(ids), tracker_probs=tracker_probs,
                            official_omits=omits)
