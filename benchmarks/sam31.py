@@ -181,6 +181,10 @@ def main(argv: list[str] | None = None) -> int:
         loaded = {"ours 3.1": sam3track.load(paths["ours 3.1"], threads=a.threads, **over31),
                   "ours 3.0": sam3track.load(paths["ours 3.0"], threads=a.threads, **over30)}
         runs = {side: [] for side in (*loaded, *(() if a.no_meta else ("Meta 3.1",)))}
+        # the path backend="auto" took on each of ours (the defaults: measured once per machine)
+        paths_of = {side: getattr(p.backend_choice, "backend", "?") + "".join(
+                        f" {k}={v}" for k, v in sorted(getattr(p.backend_choice, "options", {}).items()))
+                    for side, p in loaded.items()}
         try:
             for side, predictor in loaded.items():  # warm-up: first calls at new shapes
                 run_ours(predictor, frames[:2], a.text)
@@ -196,7 +200,7 @@ def main(argv: list[str] | None = None) -> int:
             for predictor in loaded.values():
                 predictor.close()
         results["counts"][str(n)] = {
-            "overrides": {"ours 3.1": over31, "ours 3.0": over30}, "sam3_count_note": note30,
+            "overrides": {"ours 3.1": over31, "ours 3.0": over30}, "sam3_count_note": note30, "paths": paths_of,
             "sides": {side: {"ms_per_frame": _stat([r["per_frame_s"] * 1e3 for r in reps]),
                              "objects_per_frame": sorted({o for r in reps for o in r["frame_objects"][1:]}),
                              "calls_per_frame": _calls(reps[0]), "runs": reps}
@@ -211,7 +215,9 @@ def report(results: dict) -> str:
     sides = list(next(iter(results["counts"].values()))["sides"])
     lines = [f"`{results['command']}` ({results['started']}; {results['frames']} frames of {results['clip']}, "
              f"text {results['text']!r}, {results['reps']} interleaved repetitions, threads "
-             f"{results['threads'] or 'default'})", "",
+             f"{results['threads'] or 'default'}; ours at backend=\"auto\": "
+             + "; ".join(f"{k} ran {v}" for k, v in next(iter(results["counts"].values()), {}).get("paths", {}).items())
+             + ")", "",
              "| objects | " + " | ".join(f"{s} ms/frame" for s in sides) + " | ours 3.1 / ours 3.0 | ours 3.1 / Meta |"
              " objects per frame | propagation calls per frame (3.1 / 3.0) |",
              "|---" * (len(sides) + 5) + "|"]
