@@ -96,7 +96,7 @@ def main(argv=None) -> int:
             pred = shim.build_predictor(config=config, checkpoint_path=str(a.checkpoint), max_num_objects=n)
             build_s = time.time() - t
             if scores is None:  # the detector's scores do not depend on the cap
-                scores = run_scenarios.probe_scores(pred, folder, a.text, 0)[0]
+                scores = run_scenarios.probe_scores(pred, folder, a.text, 0, {})[0]
             if len(scores) <= n:
                 raise SystemExit(f"error: frame 0 of {a.clip} has {len(scores)} detections for {a.text!r}; "
                                  f"{n} objects need {n + 1}")
