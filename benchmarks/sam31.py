@@ -177,7 +177,7 @@ def main(argv: list[str] | None = None) -> int:
         over31 = dict(max_num_objects=n, score_threshold_detection=threshold(scores31, n),
                       new_det_thresh=threshold(scores31, n), **FIXED_31)
         over30, note30 = count_overrides(scores30, n)
-        over30 = {**over30, **FIXED_30}
+        over30 = {**over30, **FIXED_30, "pool_objects": max(64, n)}  # SAM 3's pools hold 64 objects by default
         loaded = {"ours 3.1": sam3track.load(paths["ours 3.1"], threads=a.threads, **over31),
                   "ours 3.0": sam3track.load(paths["ours 3.0"], threads=a.threads, **over30)}
         runs = {side: [] for side in (*loaded, *(() if a.no_meta else ("Meta 3.1",)))}
