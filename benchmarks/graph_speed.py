@@ -30,7 +30,7 @@ def graph_inputs(manifest: dict, graph: str, objects: int, memories: int, pointe
     if manifest.get("family") == "sam3.1" and graph in ("propagation_decoder", "memory_encoder"):
         return _bucket_inputs(manifest, graph, objects, memories, pointers)
     sizes = dict(objects=objects, memories=memories, pointers=pointers, memory_rows=objects * memories,
-                 pointer_rows=objects * pointers, prompts=1, images=1, points=2)
+                 pointer_rows=objects * pointers, prompts=1, images=1, points=2, boxes=1)
     index = {"memory_index": np.arange(objects * memories).reshape(objects, memories),
              "pointer_index": np.arange(objects * pointers).reshape(objects, pointers),
              "memory_slot": np.tile(np.arange(1, memories + 1), (objects, 1)),
