@@ -181,7 +181,8 @@ def main(argv: list[str] | None = None) -> int:
         loaded = {"ours 3.1": sam3track.load(paths["ours 3.1"], threads=a.threads, **over31),
                   "ours 3.0": sam3track.load(paths["ours 3.0"], threads=a.threads, **over30)}
         runs = {side: [] for side in (*loaded, *(() if a.no_meta else ("Meta 3.1",)))}
-        # the path backend="auto" took on each of ours (the defaults: measured once per machine)
+        # the path backend="auto" took on each of ours (its verdict is kept per machine and bundle: made by
+        # the first load here, scores_31's on a cold cache, and reused)
         paths_of = {side: getattr(p.backend_choice, "backend", "?") + "".join(
                         f" {k}={v}" for k, v in sorted(getattr(p.backend_choice, "options", {}).items()))
                     for side, p in loaded.items()}
@@ -211,13 +212,17 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def _paths_line(results: dict) -> str:
+    """"; ours at backend="auto": ours 3.1 ran ..." (results.json files before 2026-12-07 have no paths)."""
+    paths = next(iter(results["counts"].values()), {}).get("paths")
+    return '; ours at backend="auto": ' + "; ".join(f"{k} ran {v}" for k, v in paths.items()) if paths else ""
+
+
 def report(results: dict) -> str:
     sides = list(next(iter(results["counts"].values()))["sides"])
     lines = [f"`{results['command']}` ({results['started']}; {results['frames']} frames of {results['clip']}, "
              f"text {results['text']!r}, {results['reps']} interleaved repetitions, threads "
-             f"{results['threads'] or 'default'}; ours at backend=\"auto\": "
-             + "; ".join(f"{k} ran {v}" for k, v in next(iter(results["counts"].values()), {}).get("paths", {}).items())
-             + ")", "",
+             f"{results['threads'] or 'default'}{_paths_line(results)})", "",
              "| objects | " + " | ".join(f"{s} ms/frame" for s in sides) + " | ours 3.1 / ours 3.0 | ours 3.1 / Meta |"
              " objects per frame | propagation calls per frame (3.1 / 3.0) |",
              "|---" * (len(sides) + 5) + "|"]

@@ -262,14 +262,15 @@ def apply_non_overlapping_constraints(mask_logits: np.ndarray) -> np.ndarray:
     # and two boolean passes per object are 2-3x faster than argmax over the object axis (which copies
     # the stack to make that axis contiguous). Where a pixel has a NaN, max is NaN and no object is
     # kept: argmax would keep the NaN, and min(NaN, -10) is NaN either way, so the result is the same.
-    top = x.max(axis=0)
-    keep = np.empty(x.shape, bool)
-    found = np.zeros(x.shape[1:], bool)
-    for n in range(x.shape[0]):
-        np.equal(x[n], top, out=keep[n])
+    rows = x.reshape(x.shape[0], -1)  # [N, pixels]: also for [N] (one pixel per object)
+    top = rows.max(axis=0)
+    keep = np.empty(rows.shape, bool)
+    found = np.zeros(rows.shape[1:], bool)
+    for n in range(rows.shape[0]):
+        np.equal(rows[n], top, out=keep[n])
         keep[n] &= ~found
         found |= keep[n]
-    return np.where(keep, x, np.minimum(x, x.dtype.type(NO_OBJ_LOGIT)))
+    return np.where(keep.reshape(x.shape), x, np.minimum(x, x.dtype.type(NO_OBJ_LOGIT)))
 
 
 def suppress_shrunk_masks(

@@ -37,7 +37,8 @@ def test_the_gate_keeps_the_fastest_path_within_the_parity_tolerances(monkeypatc
             "openvino precision=bf16": (_frames([([1], [box]), ([1], [shifted]), ([1], [box])]), 50.0),
             "broken": None, "openvino": (base, 80.0), "slightly": (base, 95.0)}
 
-    def track(predictor, frames, click):
+    def track(predictor, frames, click, sweep=False):
+        assert sweep is (predictor != "onnxruntime")  # candidates only: the baseline is the reference
         if runs[predictor] is None:
             raise RuntimeError("cannot compile")
         return (*runs[predictor], None)  # resident memory unknown: never a reason to refuse
@@ -69,7 +70,7 @@ def test_a_faster_faithful_path_that_holds_much_more_memory_than_onnxruntime_los
     grows = {"onnxruntime": 3000.0, "openvino precision=bf16": 9000.0}  # MB each path adds while tracking
     rss = {"now": 1000.0}
 
-    def track(predictor, frames, click):
+    def track(predictor, frames, click, sweep=False):
         rss["now"] += grows[predictor]
         held, rss["now"] = rss["now"], 1000.0  # closed: back to where it was
         return base, (100.0 if predictor == "onnxruntime" else 30.0), held
@@ -98,7 +99,7 @@ def test_a_faster_faithful_path_that_holds_much_more_memory_than_onnxruntime_los
     assert bc.run_gate(bundle, bf16, lambda c: c.label).backend == "onnxruntime"
     # a refused path is offered by name only where it kept to the tolerances and was faster
     runs = {"onnxruntime": (base, 100.0), "openvino precision=bf16": (base, 95.0)}
-    monkeypatch.setattr(bc, "track_gate_clip", lambda p, f, c: (*runs[p], 1000.0 + grows[p]))
+    monkeypatch.setattr(bc, "track_gate_clip", lambda p, f, c, sweep=False: (*runs[p], 1000.0 + grows[p]))
     assert "to take it anyway" not in bc.run_gate(bundle, bf16, lambda c: c.label).reason  # not 10% faster
     shifted = _frames([([1], [np.roll(box, 2, axis=1)])] * 3)
     runs["openvino precision=bf16"] = (shifted, 30.0)
@@ -197,10 +198,11 @@ def test_too_little_memory_for_the_gate_takes_onnxruntime_unmeasured(tiny_bundle
     assert "measuring which path" not in capfd.readouterr().err and not auto.exists()
 
 
-def test_the_gate_runs_every_row_taking_graph_at_several_rows_first(tiny_bundle):
-    """The gate clip's calls are mostly of one row; before it, each graph with a row axis runs at 1 and
-    3 rows, so a path that refuses larger calls (OpenVINO's CPU plugin did, on SAM 3.1's mask_init) fails
-    the gate instead of the user's first frame with two births. The predictor is closed either way."""
+def test_the_gate_runs_every_row_taking_graph_of_a_candidate_at_several_rows(tiny_bundle):
+    """The gate clip's calls are mostly of one row; after it, each graph with a row axis of a candidate
+    runs at 1 and 3 rows, so a path that refuses larger calls (OpenVINO's CPU plugin did, on SAM 3.1's
+    mask_init) fails the gate instead of the user's first frame with two births. The predictor is
+    closed either way."""
     from sam3track.errors import BackendError
 
     predictor = sam3track.load(tiny_bundle, backend="onnxruntime")
@@ -216,5 +218,23 @@ def test_the_gate_runs_every_row_taking_graph_at_several_rows_first(tiny_bundle)
     predictor.backend.run = run
     frames, clicks = bc.gate_clip(predictor.bundle.manifest)
     with pytest.raises(BackendError, match="two or more rows"):
-        bc.track_gate_clip(predictor, frames[:2], clicks)
-    assert rows["mask_init"] == [1, 3] and predictor.closed
+        bc.track_gate_clip(predictor, frames[:2], clicks, sweep=True)
+    # after the clip (whose memory the verdict reads): one-row births, then the sweep's 1 and 3
+    assert rows["mask_init"][-2:] == [1, 3] and set(rows["mask_init"][:-2]) <= {1} and predictor.closed
+
+
+def test_a_gate_clip_without_object_pixels_measures_no_candidate(monkeypatch):
+    """Equal ids and IoU 1 over empty masks hold for any path that runs: where ONNX Runtime's run of the
+    gate clip has no object pixels (a seeded SAM 3.1 model's clicks), no candidate is taken on that."""
+    empty = _frames([([0, 1], [np.zeros((4, 4), bool)] * 2)] * 3)
+    opened = []
+
+    def track(predictor, frames, click, sweep=False):
+        opened.append(predictor)
+        return empty, (100.0 if predictor == "onnxruntime" else 10.0), None
+
+    monkeypatch.setattr(bc, "track_gate_clip", track)
+    bundle = type("B", (), {"root": "b", "manifest": {"preprocessing": {"image_size": 16}}})()
+    choice = bc.run_gate(bundle, [bc.Candidate("openvino")], lambda c: c.label)
+    assert (choice.backend, opened) == ("onnxruntime", ["onnxruntime"])
+    assert "no object pixels" in choice.reason and [m["path"] for m in choice.measured] == ["onnxruntime"]

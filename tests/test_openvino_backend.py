@@ -744,9 +744,11 @@ def test_every_graph_that_takes_rows_runs_on_openvino_at_any_row_count(family, r
                     break
                 want = {k: ort_side.backend.to_host(t) for k, t in ort_side.backend.run(ort_side.graphs[name], feeds).items()}
                 got = {k: ov_side.backend.to_host(t) for k, t in ov_side.backend.run(ov_side.graphs[name], feeds).items()}
+                # the memory encoders round to bfloat16 inside (measured 2.6e-3 apart: a few ulps of bf16);
+                # the other graphs' fp32 kernels differ by about 1e-6
+                tolerance = 1e-2 if name == "memory_encoder" else 1e-4
                 for k, w in want.items():
                     assert got[k].shape == w.shape, (name, rows, k)
-                    # the memory encoders round to bf16 inside (a few ulps of bf16 apart), the rest 1e-5
-                    assert np.abs(got[k].astype(np.float64) - w).max() <= 1e-2 * max(np.abs(w).max(), 1e-6), (name, rows, k)
+                    assert np.abs(got[k].astype(np.float64) - w).max() <= tolerance * max(np.abs(w).max(), 1e-6), (name, rows, k)
                 checked.add(name)
     assert {"propagation_decoder", "memory_encoder", "mask_init", "interactive_decoder"} <= checked
