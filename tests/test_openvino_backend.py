@@ -734,21 +734,25 @@ def test_every_graph_that_takes_rows_runs_on_openvino_at_any_row_count(family, r
     that way until both tiled them."""
     from sam3track.backend_choice import sweep_feeds
 
+    def outputs(side, name, feeds):
+        return {k: side.backend.to_host(t) for k, t in side.backend.run(side.graphs[name], feeds).items()}
+
     bundle = request.getfixturevalue(family)
-    with sam3track.load(bundle, backend="openvino") as ov_side, sam3track.load(bundle, backend="onnxruntime") as ort_side:
-        checked = set()
+    checked = set()
+    with sam3track.load(bundle, backend="openvino") as ov_side, \
+            sam3track.load(bundle, backend="onnxruntime") as ort_side:
         for name in ov_side.graphs:
+            # the memory encoders round to bfloat16 inside (measured 2.6e-3 apart: a few ulps of bf16);
+            # the other graphs' fp32 kernels differ by about 1e-6
+            tolerance = 1e-2 if name == "memory_encoder" else 1e-4
             for rows in (1, 3, 20, 1):
                 feeds = sweep_feeds(ov_side, name, rows)
                 if feeds is None:
                     break
-                want = {k: ort_side.backend.to_host(t) for k, t in ort_side.backend.run(ort_side.graphs[name], feeds).items()}
-                got = {k: ov_side.backend.to_host(t) for k, t in ov_side.backend.run(ov_side.graphs[name], feeds).items()}
-                # the memory encoders round to bfloat16 inside (measured 2.6e-3 apart: a few ulps of bf16);
-                # the other graphs' fp32 kernels differ by about 1e-6
-                tolerance = 1e-2 if name == "memory_encoder" else 1e-4
+                want, got = outputs(ort_side, name, feeds), outputs(ov_side, name, feeds)
                 for k, w in want.items():
                     assert got[k].shape == w.shape, (name, rows, k)
-                    assert np.abs(got[k].astype(np.float64) - w).max() <= tolerance * max(np.abs(w).max(), 1e-6), (name, rows, k)
+                    error = np.abs(got[k].astype(np.float64) - w).max()
+                    assert error <= tolerance * max(np.abs(w).max(), 1e-6), (name, rows, k, error)
                 checked.add(name)
     assert {"propagation_decoder", "memory_encoder", "mask_init", "interactive_decoder"} <= checked
