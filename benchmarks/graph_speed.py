@@ -35,26 +35,15 @@ def graph_inputs(manifest: dict, graph: str, objects: int, memories: int, pointe
              "pointer_index": np.arange(objects * pointers).reshape(objects, pointers),
              "memory_slot": np.tile(np.arange(1, memories + 1), (objects, 1)),
              "pointer_offset": np.tile(np.arange(1, pointers + 1), (objects, 1))}
-    return _fill(manifest, graph, sizes, index, zeros=("binarize", "via_image", "use_memory", "multimask"))
+    return _fill(manifest, graph, sizes, index)
 
 
-def _fill(manifest: dict, graph: str, sizes: dict, index: dict, zeros=()) -> dict:
-    """Feeds by the manifest's shapes: ``index`` arrays as given, *_valid ones, integer inputs and the
-    ``zeros`` flags 0, everything else seeded normal values."""
-    rng = np.random.default_rng(0)
-    feeds = {}
-    for t in manifest["graphs"][graph]["inputs"]:
-        shape = [sizes[d] if isinstance(d, str) else d for d in t["shape"]]
-        if t["name"] in index:
-            value = index[t["name"]]
-        elif t["name"].endswith("_valid"):
-            value = np.ones(shape)
-        elif t["dtype"].startswith("int") or t["name"] in zeros:
-            value = np.zeros(shape)
-        else:
-            value = rng.standard_normal(shape)
-        feeds[t["name"]] = np.ascontiguousarray(value, dtype=t["dtype"])
-    return feeds
+def _fill(manifest: dict, graph: str, sizes: dict, index: dict) -> dict:
+    """Feeds by the manifest's shapes (backend_choice.seeded_feeds): ``index`` arrays as given, *_valid
+    ones, integer inputs and the 0/1 switches 0, everything else seeded normal values."""
+    from sam3track.backend_choice import seeded_feeds
+
+    return seeded_feeds(manifest["graphs"][graph]["inputs"], sizes.__getitem__, index)
 
 
 def _bucket_inputs(manifest: dict, graph: str, objects: int, memories: int, pointers: int) -> dict:
@@ -69,7 +58,7 @@ def _bucket_inputs(manifest: dict, graph: str, objects: int, memories: int, poin
              "pointer_index": np.arange(buckets * pointers).reshape(buckets, pointers),
              "pointer_offset": np.tile(np.arange(1, pointers + 1) / 15, (buckets, 1)),
              "slot_valid": (np.arange(buckets * slots) < objects).reshape(buckets, slots)}
-    return _fill(manifest, graph, sizes, index, zeros=("conditioning",))
+    return _fill(manifest, graph, sizes, index)
 
 
 def session(runtime: str, path: Path, threads: int | None, feeds: dict | None = None):

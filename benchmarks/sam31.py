@@ -140,6 +140,7 @@ def run_meta(env: Path, checkpoint: Path, n: int, args) -> dict:
 def main(argv: list[str] | None = None) -> int:
     import sam3track
     from benchmarks.measure import count_overrides, ours_detection_scores
+    from sam3track.backend_choice import Candidate
 
     p = argparse.ArgumentParser(prog="python -m benchmarks.sam31", description=__doc__.split("\n\n")[0])
     p.add_argument("--objects", default="1,16,64,128")
@@ -183,8 +184,7 @@ def main(argv: list[str] | None = None) -> int:
         runs = {side: [] for side in (*loaded, *(() if a.no_meta else ("Meta 3.1",)))}
         # the path backend="auto" took on each of ours (its verdict is kept per machine and bundle: made by
         # the first load here, scores_31's on a cold cache, and reused)
-        paths_of = {side: getattr(p.backend_choice, "backend", "?") + "".join(
-                        f" {k}={v}" for k, v in sorted(getattr(p.backend_choice, "options", {}).items()))
+        paths_of = {side: Candidate(p.backend_choice.backend, p.backend_choice.options).label
                     for side, p in loaded.items()}
         try:
             for side, predictor in loaded.items():  # warm-up: first calls at new shapes
@@ -215,7 +215,9 @@ def main(argv: list[str] | None = None) -> int:
 def _paths_line(results: dict) -> str:
     """"; ours at backend="auto": ours 3.1 ran ..." (results.json files before 2026-12-07 have no paths)."""
     paths = next(iter(results["counts"].values()), {}).get("paths")
-    return '; ours at backend="auto": ' + "; ".join(f"{k} ran {v}" for k, v in paths.items()) if paths else ""
+    if not paths:
+        return ""
+    return '; ours at backend="auto": ' + "; ".join(f"{k} ran {v}" for k, v in paths.items())
 
 
 def report(results: dict) -> str:

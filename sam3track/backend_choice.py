@@ -37,6 +37,7 @@ IOU_MEAN, IOU_MIN = 0.99, 0.95  # tests/test_parity.py's tolerances
 # the clip (3 objects; on SAM 3.1, 3 buckets, as 33-48 objects take)
 SWEEP_AXES = ("objects", "buckets", "memory_rows", "pointer_rows")
 SWEEP_ROWS = (1, 3)
+FLAG_INPUTS = ("binarize", "via_image", "use_memory", "multimask", "conditioning")  # graphs' 0/1 switches
 MIN_GAIN = 0.9  # a candidate must take under 90% of ONNX Runtime's time per frame: noise is no reason
 # The gate's peak RSS over the bundle's weights: 12.6 GB for the 3.1 GB full-size bundle (OpenVINO's bf16
 # compile the largest part; benchmarks/full_size.py, cold load of "auto"). With less memory available
@@ -281,22 +282,36 @@ def sweep_rows(predictor) -> None:
 
 
 def sweep_feeds(predictor, name: str, rows: int, seed: int = 0) -> dict | None:
-    """Seeded feeds of graph ``name`` in the manifest's shapes with ``rows`` on every row axis (one
-    memory and one pointer per row, indices 0, *_valid 1), at the sizes the backend plans; None for a
-    graph without a row axis."""
+    """Seeded feeds of graph ``name`` with ``rows`` on every row axis (one memory and one pointer per
+    row), at the sizes the backend plans (seeded_feeds); None for a graph without a row axis."""
     inputs = predictor.bundle.manifest["graphs"][name]["inputs"]
     if not any(set(t["shape"]) & set(SWEEP_AXES) for t in inputs):
         return None
     grid = predictor.bundle.manifest.get("config", {}).get("geometry", {}).get("grid")
     want = {**{axis: rows for axis in SWEEP_AXES}, "mask_side": 16 * grid if grid else 1}
+    graph = predictor.graphs[name]
+    return seeded_feeds(inputs, lambda dim: predictor.backend.plan(graph, dim, want.get(dim, 1)), seed=seed)
+
+
+def seeded_feeds(inputs: list[dict], size_of: Callable[[str], int], index: dict | None = None,
+                 seed: int = 0) -> dict:
+    """Feeds for a graph's manifest input specs, each named axis sized by ``size_of``: ``index`` arrays as
+    given, *_valid inputs 1, integer inputs and the 0/1 switches (FLAG_INPUTS) 0, everything else seeded
+    normal values (drawn in float32: no float64 copy of a full-size input). benchmarks.graph_speed
+    feeds its timings with it too."""
     rng = np.random.default_rng(seed)
     feeds = {}
     for t in inputs:
-        shape = [d if isinstance(d, int) else predictor.backend.plan(predictor.graphs[name], d, want.get(d, 1))
-                 for d in t["shape"]]
-        value = (np.ones(shape) if t["name"].endswith("_valid") else np.zeros(shape)
-                 if t["dtype"].startswith("int") else rng.standard_normal(shape, dtype=np.float32))
-        feeds[t["name"]] = np.ascontiguousarray(value, dtype=t["dtype"])  # float32 drawn: no float64 copy
+        shape = [d if isinstance(d, int) else size_of(d) for d in t["shape"]]
+        if index and t["name"] in index:
+            value = index[t["name"]]
+        elif t["name"].endswith("_valid"):
+            value = np.ones(shape)
+        elif t["dtype"].startswith("int") or t["name"] in FLAG_INPUTS:
+            value = np.zeros(shape)
+        else:
+            value = rng.standard_normal(shape, dtype=np.float32)
+        feeds[t["name"]] = np.ascontiguousarray(value, dtype=t["dtype"])
     return feeds
 
 

@@ -2,9 +2,10 @@
 occlusion suppression) in numpy and OpenCV; nothing here imports torch.
 
 Each function reproduces one function of transformers' ``modeling_sam3_video.py`` bit for bit on
-float32 inputs (``binary_masks_at``: work avoided around a caller's resize, with the same result). Pairwise quantities are reduced over pixel chunks, never as an ``N x N x H x W``
-array, so memory stays ``O((N + M) * chunk + N * M)``. The function-by-function map and the CUDA
-kernels' semantics it follows (``generic_nms``, ``cc_2d``): docs/architecture.md, "Mask post-processing".
+float32 inputs (``binary_masks_at``: work avoided around a caller's resize, with the same result).
+Pairwise quantities are reduced over pixel chunks, never as an ``N x N x H x W`` array, so memory
+stays ``O((N + M) * chunk + N * M)``. The function-by-function map and the CUDA kernels' semantics it
+follows (``generic_nms``, ``cc_2d``): docs/architecture.md, "Mask post-processing".
 """
 
 from __future__ import annotations
