@@ -30,6 +30,7 @@ __all__ = [
 
 # Score given to pixels taken away from an object (sigmoid(-10) = 4.54e-05), as in the reference.
 NO_OBJ_LOGIT = -10.0
+SHRINK_THRESHOLD = 0.3  # the reference's area-shrinkage rule: an object keeping < 30% of its pixels is suppressed
 
 # Pixel columns per chunk of the pairwise products: a chunk of (N + M) rows costs
 # (N + M) * chunk * 4 bytes of float32, about 16 MiB for 400 rows.
@@ -259,11 +260,17 @@ def apply_non_overlapping_constraints(mask_logits: np.ndarray) -> np.ndarray:
     x = np.asarray(mask_logits)
     if x.shape[0] == 1:
         return x
-    # keep[n] = (argmax == n), found as the first object equal to the pixel's maximum: a max reduction
-    # and two boolean passes per object are 2-3x faster than argmax over the object axis (which copies
-    # the stack to make that axis contiguous). Where a pixel has a NaN, max is NaN and no object is
-    # kept: argmax would keep the NaN, and min(NaN, -10) is NaN either way, so the result is the same.
-    rows = x.reshape(x.shape[0], -1)  # [N, pixels]: also for [N] (one pixel per object)
+    keep = _pixel_winners(x.reshape(x.shape[0], -1))  # [N, pixels]: also for [N] (one pixel per object)
+    return np.where(keep.reshape(x.shape), x, np.minimum(x, x.dtype.type(NO_OBJ_LOGIT)))
+
+
+def _pixel_winners(rows: np.ndarray) -> np.ndarray:
+    """bool [N, pixels]: row n is argmax over the objects at the pixel (ties to the first).
+
+    Found as the first object equal to the pixel's maximum: a max reduction and two boolean passes per
+    object are 2-3x faster than argmax over the object axis (which copies the stack to make that axis
+    contiguous). Where a pixel has a NaN, max is NaN and no object wins: argmax would pick the NaN, and
+    min(NaN, -10) is NaN either way, so the constrained values are the same."""
     top = rows.max(axis=0)
     keep = np.empty(rows.shape, bool)
     found = np.zeros(rows.shape[1:], bool)
@@ -271,13 +278,13 @@ def apply_non_overlapping_constraints(mask_logits: np.ndarray) -> np.ndarray:
         np.equal(rows[n], top, out=keep[n])
         keep[n] &= ~found
         found |= keep[n]
-    return np.where(keep.reshape(x.shape), x, np.minimum(x, x.dtype.type(NO_OBJ_LOGIT)))
+    return keep
 
 
 def suppress_shrunk_masks(
     before: np.ndarray,
     after: np.ndarray,
-    shrink_threshold: float = 0.3,
+    shrink_threshold: float = SHRINK_THRESHOLD,
 ) -> np.ndarray:
     """Clamp to <= -10 the objects whose area shrank below ``shrink_threshold`` of their area.
 
@@ -296,9 +303,26 @@ def suppress_shrunk_masks(
 
 
 def _suppress_object_pw_area_shrinkage_impl(mask_logits: np.ndarray) -> np.ndarray:
-    if mask_logits.shape[0] <= 1:
-        return mask_logits
-    return suppress_shrunk_masks(mask_logits, apply_non_overlapping_constraints(mask_logits))
+    """suppress_shrunk_masks(x, apply_non_overlapping_constraints(x)) without the constrained copy:
+    a pixel of it is > 0 exactly where its object wins the pixel and x > 0 there (a clamped value is
+    <= -10, or NaN), so the areas after come from the winners. The input itself comes back when no
+    object is suppressed (as for one object)."""
+    x = mask_logits
+    if x.shape[0] <= 1:
+        return x
+    rows = x.reshape(x.shape[0], -1)
+    positive = rows > 0
+    area_before = positive.sum(axis=1, dtype=np.int64)
+    positive &= _pixel_winners(rows)
+    area_after = positive.sum(axis=1, dtype=np.int64)
+    ratio = area_after.astype(np.float32) / np.maximum(area_before, 1).astype(np.float32)
+    keep = ratio >= np.float32(SHRINK_THRESHOLD)
+    if keep.all():
+        return x
+    out = x.copy()
+    for n in np.flatnonzero(~keep):  # only the suppressed objects' rows change
+        np.minimum(out[n], x.dtype.type(NO_OBJ_LOGIT), out=out[n])
+    return out
 
 
 def suppress_object_pw_area_shrinkage(

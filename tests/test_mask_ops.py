@@ -429,11 +429,19 @@ def test_suppress_shrunk_masks_matches():
         np.testing.assert_array_equal(got, want.squeeze(1).numpy(), err_msg=str(thr))
 
 
-@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("seed", range(6))
 def test_suppress_object_pw_area_shrinkage_matches(seed):
+    """Ours finds the areas after the non-overlap from the pixel winners, without the constrained copy;
+    seeds 4-5 add NaN and +-inf pixels and ties (values on a grid)."""
     rng = np.random.default_rng(seed + 20)
-    n = int(rng.integers(1, 9))
+    n = int(rng.integers(1, 9)) if seed < 4 else 7
     x = (rng.normal(size=(n, 12, 10)) * 5 + rng.normal(size=(n, 1, 1)) * 4).astype(np.float32)
+    if seed >= 4:
+        x = np.round(x / 4) * 4
+        odd = rng.random(x.shape)
+        x[odd < 0.05] = np.nan
+        x[(odd >= 0.05) & (odd < 0.1)] = np.inf
+        x[(odd >= 0.1) & (odd < 0.15)] = -np.inf
     fake = _FakeModel()
     for prompt_ids in (None, [0] * n, list(rng.integers(0, 3, size=n)), list(range(n))[::-1]):
         want = fake._suppress_object_pw_area_shrinkage(
@@ -441,6 +449,10 @@ def test_suppress_object_pw_area_shrinkage_matches(seed):
         )
         got = mask_ops.suppress_object_pw_area_shrinkage(x, prompt_ids)
         np.testing.assert_array_equal(got, want.squeeze(1).numpy(), err_msg=str(prompt_ids))
+        # the two-step form it fuses (the non-overlap, then the areas of its copy)
+        if prompt_ids is None and n > 1:
+            np.testing.assert_array_equal(got, mask_ops.suppress_shrunk_masks(
+                x, mask_ops.apply_non_overlapping_constraints(x)))
     with pytest.raises(ValueError):
         mask_ops.suppress_object_pw_area_shrinkage(x, [0] * (n + 1))
 
