@@ -75,6 +75,31 @@ def test_masks_with_no_positive_logit_are_not_resized_and_come_out_as_resizing_t
     assert not binary_masks_at(low[[0, 1]], 50, 60, counting).any() and resized == []
 
 
+def test_sam31_output_masks_resized_inside_each_object_s_window_equal_the_full_resize():
+    """SAM 3.1's video-size masks (resize.bilinear_positive: issue 29, work avoided) are bilinear() > 0
+    bit for bit while only the output pixels whose taps reach a value not <= 0 are computed: small
+    objects, absent ones, one-pixel ones at the borders, NaN, +-inf, -0, denormals, up and down sizes."""
+    from sam3track.families.sam31.resize import bilinear, bilinear_positive
+
+    rng = np.random.default_rng(3)
+    odd = np.float32([np.nan, np.inf, -np.inf, -0.0, 0.0, 1e-45, -1e-45, 1e-38])
+    for case in range(400):
+        n, h, w = int(rng.integers(1, 5)), int(rng.integers(1, 20)), int(rng.integers(1, 20))
+        x = (rng.normal(0, 3, (n, h, w)) - rng.uniform(0, 6)).astype(np.float32)
+        if case % 3 == 0:  # mostly background: small objects
+            x = np.where(rng.random(x.shape) < 0.9, -np.abs(x), x).astype(np.float32)
+        if case % 4 == 0:
+            spots = rng.random(x.shape) < 0.2
+            x[spots] = rng.choice(odd, int(spots.sum()))
+        if case % 5 == 0:  # one object pixel at a random place, often a border
+            x[:] = -1.0
+            x[:, rng.integers(0, h), rng.choice([0, w - 1, int(rng.integers(0, w))])] = 5.0
+        height, width = int(rng.integers(1, 60)), int(rng.integers(1, 60))
+        with np.errstate(invalid="ignore"):
+            got, want = bilinear_positive(x, height, width), bilinear(x, height, width) > 0
+        np.testing.assert_array_equal(got, want, err_msg=f"case {case}: {x.shape} -> {height} x {width}")
+
+
 def test_build_result_drops_hidden_objects_even_when_shown_and_keeps_shown_empty_ones():
     """build_result resizes only what it returns: a hidden id is left out even when `shown` names it,
     an absent object (all logits <= 0) is left out unless `shown` names it, then with an empty mask."""

@@ -60,6 +60,47 @@ def bilinear(x: np.ndarray, height: int, width: int) -> np.ndarray:
     return out
 
 
+def bilinear_positive(x: np.ndarray, height: int, width: int) -> np.ndarray:
+    """bool [N, height, width]: bilinear(x, height, width) > 0, resized only inside each plane's window.
+
+    An output pixel whose four taps are all <= 0 is a sum of products of weights >= 0 with values <= 0,
+    so it is <= 0 (or -0): False without arithmetic. A plane's window is the output rows and columns
+    whose taps reach a source row or column holding a value that is not <= 0 (> 0 or NaN); inside it
+    every pixel is computed with bilinear()'s float32 operations on the same taps and weights, so the
+    result is bit for bit bilinear(x) > 0 (a small object in a large frame costs its box, not the frame).
+    """
+    x = np.asarray(x, np.float32)
+    n, h, w = x.shape
+    out = np.zeros((n, height, width), bool)
+    if (h, w) == (height, width):
+        return np.greater(x, 0, out=out)
+    yi0, yi1, yl0, yl1 = _linear_taps(h, height)
+    xi0, xi1, xl0, xl1 = _linear_taps(w, width)
+    reached = ~(x <= 0)
+    for i in np.flatnonzero(reached.reshape(n, -1).any(axis=1)):
+        rows, cols = np.flatnonzero(reached[i].any(axis=1)), np.flatnonzero(reached[i].any(axis=0))
+        # taps are non-decreasing in the output index: the window is where tap 1 >= the first reached
+        # index and tap 0 <= the last
+        r0, r1 = np.searchsorted(yi1, rows[0], "left"), np.searchsorted(yi0, rows[-1], "right")
+        c0, c1 = np.searchsorted(xi1, cols[0], "left"), np.searchsorted(xi0, cols[-1], "right")
+        if r0 >= r1 or c0 >= c1:  # shrinking: no output pixel reads the reached rows or columns
+            continue
+        first, last = yi0[r0], yi1[r1 - 1] + 1  # the source rows the window's output rows read
+        plane = x[i, first:last]
+        part = np.take(plane, xi0[c0:c1], axis=1)
+        part *= xl0[c0:c1]
+        tap = np.take(plane, xi1[c0:c1], axis=1)
+        tap *= xl1[c0:c1]
+        part += tap  # [source rows, window columns]
+        o = np.take(part, yi0[r0:r1] - first, axis=0)
+        o *= yl0[r0:r1, None]
+        tap = np.take(part, yi1[r0:r1] - first, axis=0)
+        tap *= yl1[r0:r1, None]
+        o += tap
+        np.greater(o, 0, out=out[i, r0:r1, c0:c1])
+    return out
+
+
 @functools.lru_cache(maxsize=64)
 def _aa_taps(in_size: int, out_size: int):
     """aten's _compute_weights_aa in float32: center = float(scale * (i + 0.5)), the filter argument

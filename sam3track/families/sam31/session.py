@@ -18,7 +18,7 @@ from ...postprocess import masks_to_boxes, objectwise_non_overlap
 from ...prompts import box_rows, parse_clicks
 from ...results import FrameResult
 from ...session_base import SessionBase, check_direction, check_max_frames, check_stream_frame, clicked_object_id
-from .resize import bilinear
+from .resize import bilinear_positive
 from .tracker import BoxPrompt, FrameOut, Sam31Tracker
 
 # What Meta's SAM 3.1 encodes as the text of a boxes-only add_prompt (reset_state's find_text_batch[0])
@@ -449,7 +449,7 @@ class Sam31Session(SessionBase):
             if frame in self.cached:
                 merged = dict(self.cached[frame])
                 for o, (_, low) in refined.items():
-                    merged[o] = bilinear(low[None], h, w)[0] > 0
+                    merged[o] = bilinear_positive(low[None], h, w)[0]
             else:
                 merged = {}
             hidden = self.suppressed.get(frame, ())

@@ -15,14 +15,14 @@ import numpy as np
 
 from ...call_sizes import chunks, fixed_size, pad_rows
 from ...errors import CapacityError, PromptError
-from ...mask_ops import (binary_masks_at, fill_holes_in_mask_scores, objects_to_suppress_by_recent_occlusion,
+from ...mask_ops import (fill_holes_in_mask_scores, objects_to_suppress_by_recent_occlusion,
                          sigmoid, suppress_object_pw_area_shrinkage)
 from ...phases import FramePhases, run_frame
 from . import heuristics
 from .clicks import ClickPrompts
 from .mask_inputs import MaskInputs
 from .memory import FrameRecord, MultiplexMemory, TrackerState, propagation_feeds, select
-from .resize import bilinear
+from .resize import bilinear, bilinear_positive
 
 MASK_SCORE = 10.0  # Meta's +-10 object scores by mask area
 REMOVED_SCORE = -1e4
@@ -469,17 +469,13 @@ class Sam31Tracker(MaskInputs, ClickPrompts):
         h, w = self.video_hw
         masks = {}
         if tracked.obj_ids.size:
-            video = binary_masks_at(plan.track_masks, h, w, _binary_bilinear)
+            video = bilinear_positive(plan.track_masks, h, w)
             masks.update({int(o): video[i] for i, o in enumerate(tracked.obj_ids)})
         if plan.new_ids.size:
-            video = binary_masks_at(det.masks[plan.new_inds], h, w, _binary_bilinear)
+            video = bilinear_positive(det.masks[plan.new_inds], h, w)
             masks.update({int(o): video[i] for i, o in enumerate(plan.new_ids)})
         stats = {"num_obj_tracked": int(self.tracks.obj_ids.size), "num_obj_dropped": int(plan.dropped)}
         return FrameOut(frame, masks, plan.unconfirmed, plan.removed_ids, stats, dict(self.obj_id_to_score))
-
-
-def _binary_bilinear(logits: np.ndarray, height: int, width: int) -> np.ndarray:
-    return bilinear(logits, height, width) > 0
 
 
 @dataclass
