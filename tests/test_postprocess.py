@@ -100,6 +100,40 @@ def test_sam31_output_masks_resized_inside_each_object_s_window_equal_the_full_r
         np.testing.assert_array_equal(got, want, err_msg=f"case {case}: {x.shape} -> {height} x {width}")
 
 
+def test_sam31_birth_resizes_around_each_object_equal_the_whole_plane_resize():
+    """A birth's antialiased resizes to the video size and back (resize.bilinear_antialias_over) give
+    bilinear_antialias's values bit for bit (NaN as NaN) while only each object's window is resized:
+    backgrounds 0, -0, +-1024 and others, objects at the borders, none, NaN, -0 and inf inside, sizes
+    up and down on each axis."""
+    from sam3track.families.sam31.resize import bilinear_antialias, bilinear_antialias_over
+
+    rng = np.random.default_rng(5)
+    for case in range(300):
+        n, h, w = int(rng.integers(1, 4)), int(rng.integers(1, 40)), int(rng.integers(1, 40))
+        height, width = int(rng.integers(1, 50)), int(rng.integers(1, 50))
+        background = float(rng.choice([0.0, -0.0, -1024.0, 1024.0, 3.5]))
+        x = np.full((n, h, w), background, np.float32)
+        for i in range(n):
+            if rng.random() < 0.2:
+                continue  # an absent object: all background
+            r, c = int(rng.integers(0, h)), int(rng.integers(0, w))
+            dh, dw = int(rng.integers(1, h - r + 1)), int(rng.integers(1, w - c + 1))
+            x[i, r:r + dh, c:c + dw] = np.where(rng.random((dh, dw)) < 0.7, -background or 1.0,
+                                                rng.normal(0, 100, (dh, dw)))
+        if case % 5 == 0:
+            odd = rng.random(x.shape)
+            x[odd < 0.02], x[(odd >= 0.02) & (odd < 0.04)], x[(odd >= 0.04) & (odd < 0.05)] = np.nan, -0.0, np.inf
+        with np.errstate(invalid="ignore"):
+            got = bilinear_antialias_over(x, height, width, background)
+            want = bilinear_antialias(x, height, width)
+        message = f"case {case}: {x.shape} -> {height} x {width} over {background}"
+        np.testing.assert_array_equal(got, want, err_msg=message)
+        np.testing.assert_array_equal(np.signbit(got[~np.isnan(got)]), np.signbit(want[~np.isnan(want)]), message)
+    # -0 is not a background of 0: a plane of -0 resizes to -0
+    minus_zero = np.full((1, 9, 7), -0.0, np.float32)
+    assert np.signbit(bilinear_antialias_over(minus_zero, 13, 4, 0.0)).all()
+
+
 def test_build_result_drops_hidden_objects_even_when_shown_and_keeps_shown_empty_ones():
     """build_result resizes only what it returns: a hidden id is left out even when `shown` names it,
     an absent object (all logits <= 0) is left out unless `shown` names it, then with an empty mask."""

@@ -13,7 +13,7 @@ from ...mask_ops import apply_non_overlapping_constraints
 from . import heuristics
 from .buckets import BucketRegistry
 from .memory import FrameRecord, TrackerState
-from .resize import bilinear, bilinear_antialias
+from .resize import bilinear, bilinear_antialias_over, bilinear_positive
 
 NO_OBJ_SCORE = 1024.0  # Meta's -NO_OBJ_SCORE / NO_OBJ_SCORE for user (and birth) masks at video resolution
 
@@ -53,13 +53,16 @@ class MaskInputs:
         +-NO_OBJ_SCORE (what its consolidation stores for them)."""
         cfg = self.config
         side = cfg.input_mask_size
-        binary = bilinear(det_logits, side, side) > 0
+        binary = bilinear_positive(det_logits, side, side)
         h, w = self.video_hw
-        video = bilinear_antialias(binary.astype(np.float32), h, w) > 0.5
+        # the resizes of these masks are computed around each object only (the rest of a plane is its
+        # background's resize): the same values as resizing every plane whole
+        video = bilinear_antialias_over(binary.astype(np.float32), h, w, 0.0) > 0.5
         # a pixel stays only in a mask no other mask covers: one count, not N reductions over N - 1 masks
         wiped = video & (video.sum(axis=0, dtype=np.int32) == 1)
         size = cfg.low_res_mask_size
-        return bilinear_antialias(np.where(wiped, NO_OBJ_SCORE, -NO_OBJ_SCORE).astype(np.float32), size, size)
+        return bilinear_antialias_over(np.where(wiped, NO_OBJ_SCORE, -NO_OBJ_SCORE).astype(np.float32), size, size,
+                                       -NO_OBJ_SCORE)
 
     def add_objects(self, frame: int, features: dict, obj_ids: list[int], det_logits: np.ndarray) -> None:
         """Meta's _tracker_add_new_objects: the best-fitting state (fewest free slots that still hold

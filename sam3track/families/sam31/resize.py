@@ -126,11 +126,17 @@ def _aa_taps(in_size: int, out_size: int):
 
 
 def _aa_axis(x: np.ndarray, size: int, axis: int) -> np.ndarray:
-    """t = x0 * w0, then t += x_j * w_j with one rounding per step (the kernel's fused multiply-adds:
-    the float32 product is exact in float64, so one float64 add and one rounding to float32). Done in
-    place on chunks of planes that stay in cache: the same operations as on the whole stack, bit for bit
-    (it was 3.6 s of a 128-object birth frame)."""
     idx, weights = _aa_taps(x.shape[axis], size)
+    return _aa_apply(x, idx, weights, axis)
+
+
+def _aa_apply(x: np.ndarray, idx: np.ndarray, weights: np.ndarray, axis: int) -> np.ndarray:
+    """Output j along `axis` = sum over k of x[idx[j, k]] * weights[j, k]: t = x0 * w0, then
+    t += x_k * w_k with one rounding per step (the kernel's fused multiply-adds: the float32 product is
+    exact in float64, so one float64 add and one rounding to float32). Done in place on chunks of planes
+    that stay in cache: the same operations as on the whole stack, bit for bit (it was 3.6 s of a
+    128-object birth frame)."""
+    size = idx.shape[0]
     shape = [1] * x.ndim
     shape[axis] = size
     w64 = [weights[:, k].reshape(shape).astype(np.float64) for k in range(idx.shape[1])]
@@ -162,3 +168,45 @@ def bilinear_antialias(x: np.ndarray, height: int, width: int) -> np.ndarray:
     if x.shape[1] != height:
         x = _aa_axis(x, height, 1)
     return np.array(x, np.float32, copy=True)
+
+
+def bilinear_antialias_over(x: np.ndarray, height: int, width: int, background: float) -> np.ndarray:
+    """bilinear_antialias(x, height, width) bit for bit, for planes that hold `background` outside a
+    small part (a birth's mask in a video-size frame): every output pixel whose taps (all of them,
+    zero weights included) read only `background` is the resize of a constant plane, computed once;
+    each plane's window around the rest is resized with bilinear_antialias's own steps."""
+    x = np.asarray(x, np.float32)
+    n, h, w = x.shape
+    fill = np.float32(background)
+    out = np.empty((n, height, width), np.float32)
+    out[...] = bilinear_antialias(np.full((1, h, w), fill, np.float32), height, width)[0]
+    rows_taps = _aa_taps(h, height) if h != height else None
+    cols_taps = _aa_taps(w, width) if w != width else None
+    differs = x.view(np.int32) != fill.view(np.int32)  # by bits: -0 and NaN are not the background
+    for i in np.flatnonzero(differs.reshape(n, -1).any(axis=1)):
+        r0, r1, first, last = _aa_window(rows_taps, np.flatnonzero(differs[i].any(axis=1)))
+        c0, c1, _, _ = _aa_window(cols_taps, np.flatnonzero(differs[i].any(axis=0)))
+        if r0 >= r1 or c0 >= c1:
+            continue
+        plane = x[i:i + 1, first:last]  # the source rows the window's rows read
+        if cols_taps is None:
+            plane = plane[:, :, c0:c1]
+        else:
+            plane = _aa_apply(plane, cols_taps[0][c0:c1], cols_taps[1][c0:c1], 2)
+        if rows_taps is not None:
+            plane = _aa_apply(plane, rows_taps[0][r0:r1] - first, rows_taps[1][r0:r1], 1)
+        out[i, r0:r1, c0:c1] = plane[0]
+    return out
+
+
+def _aa_window(taps, reached: np.ndarray) -> tuple[int, int, int, int]:
+    """The output range [start, stop) whose taps read an index in reached[0]..reached[-1], and the
+    source range [first, last) those outputs read; without taps (no resize) the same range."""
+    if taps is None:
+        return int(reached[0]), int(reached[-1]) + 1, int(reached[0]), int(reached[-1]) + 1
+    idx = taps[0]  # each row's taps ascend, and every tap is non-decreasing over the outputs
+    start = int(np.searchsorted(idx[:, -1], reached[0], "left"))
+    stop = int(np.searchsorted(idx[:, 0], reached[-1], "right"))
+    if start >= stop:
+        return start, stop, 0, 0
+    return start, stop, int(idx[start, 0]), int(idx[stop - 1, -1]) + 1
