@@ -320,8 +320,7 @@ def _suppress_object_pw_area_shrinkage_impl(mask_logits: np.ndarray) -> np.ndarr
     if keep.all():
         return x
     out = x.copy()
-    for n in np.flatnonzero(~keep):  # only the suppressed objects' rows change
-        np.minimum(out[n], x.dtype.type(NO_OBJ_LOGIT), out=out[n])
+    out[~keep] = np.minimum(x[~keep], x.dtype.type(NO_OBJ_LOGIT))  # only the suppressed objects' rows change
     return out
 
 
@@ -332,7 +331,8 @@ def suppress_object_pw_area_shrinkage(
     """Suppress objects that lose too much area to pixel-wise non-overlap: [N, ...] -> same.
 
     The non-overlap is computed among all objects, or, with ``prompt_ids`` (one per object),
-    independently inside each group of objects sharing a prompt id.
+    independently inside each group of objects sharing a prompt id. Without ``prompt_ids``, the input
+    array itself comes back when no object is suppressed: copy it before writing to it.
     """
     x = np.asarray(mask_logits)
     if prompt_ids is None:

@@ -453,6 +453,12 @@ def test_suppress_object_pw_area_shrinkage_matches(seed):
         if prompt_ids is None and n > 1:
             np.testing.assert_array_equal(got, mask_ops.suppress_shrunk_masks(
                 x, mask_ops.apply_non_overlapping_constraints(x)))
+        # [N]: one pixel per object
+        one = x[:, 3, 4].copy()
+        want = fake._suppress_object_pw_area_shrinkage(
+            torch.from_numpy(one.reshape(n, 1, 1, 1)), None if prompt_ids is None else [int(p) for p in prompt_ids])
+        np.testing.assert_array_equal(mask_ops.suppress_object_pw_area_shrinkage(one, prompt_ids),
+                                      want.reshape(n).numpy(), err_msg=f"[N], {prompt_ids}")
     with pytest.raises(ValueError):
         mask_ops.suppress_object_pw_area_shrinkage(x, [0] * (n + 1))
 

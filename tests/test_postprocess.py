@@ -75,7 +75,18 @@ def test_masks_with_no_positive_logit_are_not_resized_and_come_out_as_resizing_t
     assert not binary_masks_at(low[[0, 1]], 50, 60, counting).any() and resized == []
 
 
-def test_sam31_output_masks_resized_inside_each_object_s_window_equal_the_full_resize():
+@pytest.fixture(params=["windows", "default"])
+def window_sizes(request, monkeypatch):
+    """The windowed resizes at every plane size ("windows") and at their default, where small planes
+    take the whole-stack form."""
+    from sam3track.families.sam31 import resize
+
+    if request.param == "windows":
+        monkeypatch.setattr(resize, "WINDOW_MIN_PIXELS", 0)
+    return request.param
+
+
+def test_sam31_output_masks_resized_inside_each_object_s_window_equal_the_full_resize(window_sizes):
     """SAM 3.1's video-size masks (resize.bilinear_positive: issue 29, work avoided) are bilinear() > 0
     bit for bit while only the output pixels whose taps reach a value not <= 0 are computed: small
     objects, absent ones, one-pixel ones at the borders, NaN, +-inf, -0, denormals, up and down sizes."""
@@ -98,9 +109,10 @@ def test_sam31_output_masks_resized_inside_each_object_s_window_equal_the_full_r
         with np.errstate(invalid="ignore"):
             got, want = bilinear_positive(x, height, width), bilinear(x, height, width) > 0
         np.testing.assert_array_equal(got, want, err_msg=f"case {case}: {x.shape} -> {height} x {width}")
+    assert bilinear_positive(np.zeros((0, 5, 5), np.float32), 300, 400).shape == (0, 300, 400)
 
 
-def test_sam31_birth_resizes_around_each_object_equal_the_whole_plane_resize():
+def test_sam31_birth_resizes_around_each_object_equal_the_whole_plane_resize(window_sizes):
     """A birth's antialiased resizes to the video size and back (resize.bilinear_antialias_over) give
     bilinear_antialias's values bit for bit (NaN as NaN) while only each object's window is resized:
     backgrounds 0, -0, +-1024 and others, objects at the borders, none, NaN, -0 and inf inside, sizes
@@ -132,6 +144,7 @@ def test_sam31_birth_resizes_around_each_object_equal_the_whole_plane_resize():
     # -0 is not a background of 0: a plane of -0 resizes to -0
     minus_zero = np.full((1, 9, 7), -0.0, np.float32)
     assert np.signbit(bilinear_antialias_over(minus_zero, 13, 4, 0.0)).all()
+    assert bilinear_antialias_over(np.zeros((0, 5, 5), np.float32), 300, 400, 0.0).shape == (0, 300, 400)
 
 
 def test_build_result_drops_hidden_objects_even_when_shown_and_keeps_shown_empty_ones():
