@@ -7,6 +7,10 @@ resolutions with both (which one where is named at each call site), and the thre
   (``out = h0 * (w0 * x00 + w1 * x01) + h1 * (w0 * x10 + w1 * x11)``);
 - antialiased: a triangle filter stretched by the scale when shrinking, weights normalised, applied
   along the width first, then along the height (aten's separable AA kernel).
+
+``bilinear_positive`` (masks at video size) and ``bilinear_antialias_over`` (births) give the same
+values computed around each object only: an output whose taps read nothing of the object is known
+without arithmetic.
 """
 
 from __future__ import annotations
