@@ -20,7 +20,7 @@ import sam3track
 from graphs.sam31 import reference as ref
 from sam3track.testing.acl_emulator import install
 
-from .conftest import CLIPS, CPU_CLASS, CPU_ISA, mask_iou
+from .conftest import CLIPS, CPU_CLASS, CPU_ISA, mask_iou, rounding_xfail
 from .export_cache import cached_conversion
 from .reference_video import TIE  # a logit this close to 0 may threshold either way
 
@@ -162,6 +162,12 @@ BUCKET_CHUNK_ROUNDING = pytest.mark.xfail(
 
 
 @BUCKET_CHUNK_ROUNDING
+@rounding_xfail("the seeded model detects objects twice (ids 8 and 24, 11 and 27: the same pixels, tracker "
+                "probabilities equal within 6e-8); the object-wise non-overlap gives the shared pixels to the "
+                "higher probability, so a last-bit difference between the padded acl call and ONNX Runtime's "
+                "hands a whole mask (40-416 pixels) to the other id on frames 1-2 (IoU mean 0.953; ids and "
+                "probabilities within bounds). The tie pixels the test records are logits near 0, not such "
+                "probability ties", diverges_on=("avx2", "avx2/1-thread"), measured_on=("avx2", "avx2/1-thread"))
 def test_a_box_prompt_on_acl_is_padded_to_a_box_gear_and_matches_onnxruntime(bundles, scenario):
     """Three boxes run at the compiled gear 4 (one padding box, box_valid 0) and detect what the three
     give on ONNX Runtime without padding."""

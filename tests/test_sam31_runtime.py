@@ -17,7 +17,7 @@ import pytest
 
 from graphs.sam31 import reference as ref
 
-from .conftest import CLIPS
+from .conftest import CLIPS, rounding_xfail
 
 pytestmark = pytest.mark.slow  # the full tier: Meta's recorded SAM 3.1 scenarios replayed (minutes)
 
@@ -272,11 +272,15 @@ def test_clicks_refining_an_object_match_meta(clicks_replay):
     assert_same_states(session, doc, after_removal=True)
 
 
+@rounding_xfail("one pixel, (99, 64) of object 6's 15-pixel mask on frame 3 (responses 11 and 22), goes the other "
+                "way: ours re-propagates the object to a video-resolution logit of -5.9e-6 there, Meta's is above 0 "
+                "(a rounding tie; IoU 0.933 < 0.95, every other mask within bounds)",
+                diverges_on=("avx2", "avx2/1-thread"), measured_on=("avx2", "avx2/1-thread"))
 def test_clicks_refining_an_object_min_iou(clicks_replay):
     """The per-mask IoU minimum of the clicks scenario, apart from the test above: at the 448 px config
     it was a strict xfail (two pixels whose logits were within 5e-5 of 0 after the refinement went to
-    another object); at 224 px it holds on the CPU classes measured (AVX2). A class where it does not is
-    a conftest.rounding_xfail to add once measured there."""
+    another object); on the seeded checkpoint with its copied tensors told apart, one pixel of a
+    15-pixel mask is such a tie on the AVX2 classes (the mark)."""
     _, pairs, _ = clicks_replay
     stats = parity(pairs)
     assert stats["iou_min"] >= IOU_MIN, stats

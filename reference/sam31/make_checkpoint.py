@@ -12,6 +12,9 @@ seeded random weights, and writes to DIR:
   bpe_simple_vocab_16e6.txt.gz Meta's CLIP BPE vocabulary, which the text encoder's tokenizer reads
   checkpoint_info.json         sha256, key and parameter counts, dtypes, and the verification below
 
+Tensors that Meta's builder initialises as copies of one another (the three necks, repeated layers) are
+told apart by a little seeded noise (make_copies_distinct), as training tells them apart.
+
 ``--confident`` shifts four biases of the seeded weights (CONFIDENT_SHIFTS) so that the detector and the
 tracker are confident, as trained weights are: random weights score detections ~0.14 and tracked objects
 ~0.54, under the 0.8 that Meta's reconditioning hard-codes for both (sam3_multiplex_base.py
@@ -55,6 +58,38 @@ CONFIDENT_SHIFTS = (
     ("detector.dot_prod_scoring.hs_proj.bias", 0, 6.0),
     ("detector.dot_prod_scoring.prompt_proj.bias", 0, 4.0),
 )
+
+
+COPY_NOISE = 0.05  # relative spread of the noise that tells apart the copies Meta's builder makes
+
+
+def make_copies_distinct(model, sd: dict, seed: int) -> list[str]:
+    """Tell apart the tensors that Meta's builder initialises as copies of one another, as training does:
+    the three necks (convs, propagation_convs, interactive_convs), the memory fuser's two layers, the
+    geometry encoder's layers and more are deep copies at init. With copies, a mix-up between them in an
+    exporter's key mapping gives the same outputs, and a runtime that merges identical subgraphs
+    (OpenVINO computes the detector and propagation necks once: both read the trunk's features) runs
+    less than a trained model costs. Every tensor equal to an earlier one (and not constant) is
+    multiplied by 1 + COPY_NOISE * N(0, 1), seeded; the first of each group is kept. Returns the keys
+    changed; ``sd`` and ``model`` both change."""
+    import hashlib
+
+    import torch
+
+    gen = torch.Generator().manual_seed(seed + 7919)
+    seen, changed = set(), []
+    for key, value in sd.items():
+        if not value.is_floating_point() or value.numel() < 2 or bool((value == value.flatten()[0]).all()):
+            continue
+        digest = (tuple(value.shape), hashlib.sha256(value.numpy().tobytes()).hexdigest())
+        if digest in seen:
+            noise = torch.randn(value.shape, generator=gen, dtype=torch.float32).to(value.dtype)
+            sd[key] = value * (1 + COPY_NOISE * noise)
+            changed.append(key)
+        else:
+            seen.add(digest)
+    model.load_state_dict(sd, strict=True)
+    return changed
 
 
 def make_confident(model, sd: dict) -> None:
@@ -127,6 +162,7 @@ def main(argv=None) -> int:
     pred = shim.build_predictor(config=shim.SMALL, seed=a.seed)
     build_s = time.time() - t0
     sd = state_dict_of(pred.model)
+    distinct = make_copies_distinct(pred.model, sd, a.seed)
     if a.confident:
         make_confident(pred.model, sd)
     bad = [k for k in sd if not k.startswith(PREFIXES)]
@@ -189,6 +225,7 @@ def main(argv=None) -> int:
         "tensor_sha256": {k: tensor_sha(v) for k, v in sd.items()},
         "numerics": numerics,
         "confident_shifts": [list(x) for x in CONFIDENT_SHIFTS] if a.confident else [],
+        "copies_made_distinct": distinct,
         "build_s": round(build_s, 2),
         "facts": common.run_facts(a.threads),
     }
