@@ -296,10 +296,20 @@ def suppress_shrunk_masks(
     after = np.asarray(after)
     area_before = _flatten(before > 0).sum(axis=1, dtype=np.int64)
     area_after = _flatten(after > 0).sum(axis=1, dtype=np.int64)
+    return _clamp_rows(before, _area_kept(area_before, area_after, shrink_threshold))
+
+
+def _area_kept(area_before: np.ndarray, area_after: np.ndarray, threshold: float) -> np.ndarray:
+    """bool [N]: area_after / max(area_before, 1) >= threshold, in float32 as the reference divides."""
     ratio = area_after.astype(np.float32) / np.maximum(area_before, 1).astype(np.float32)
-    keep = ratio >= np.float32(shrink_threshold)
-    keep = keep.reshape((-1,) + (1,) * (before.ndim - 1))
-    return np.where(keep, before, np.minimum(before, before.dtype.type(NO_OBJ_LOGIT)))
+    return ratio >= np.float32(threshold)
+
+
+def _clamp_rows(x: np.ndarray, keep: np.ndarray) -> np.ndarray:
+    """A copy of x [N, ...] with the rows not kept clamped to <= NO_OBJ_LOGIT (the others untouched)."""
+    out = x.copy()
+    out[~keep] = np.minimum(x[~keep], x.dtype.type(NO_OBJ_LOGIT))
+    return out
 
 
 def _suppress_object_pw_area_shrinkage_impl(mask_logits: np.ndarray) -> np.ndarray:
@@ -314,14 +324,8 @@ def _suppress_object_pw_area_shrinkage_impl(mask_logits: np.ndarray) -> np.ndarr
     positive = rows > 0
     area_before = positive.sum(axis=1, dtype=np.int64)
     positive &= _pixel_winners(rows)
-    area_after = positive.sum(axis=1, dtype=np.int64)
-    ratio = area_after.astype(np.float32) / np.maximum(area_before, 1).astype(np.float32)
-    keep = ratio >= np.float32(SHRINK_THRESHOLD)
-    if keep.all():
-        return x
-    out = x.copy()
-    out[~keep] = np.minimum(x[~keep], x.dtype.type(NO_OBJ_LOGIT))  # only the suppressed objects' rows change
-    return out
+    keep = _area_kept(area_before, positive.sum(axis=1, dtype=np.int64), SHRINK_THRESHOLD)
+    return x if keep.all() else _clamp_rows(x, keep)
 
 
 def suppress_object_pw_area_shrinkage(
