@@ -427,6 +427,9 @@ def test_suppress_shrunk_masks_matches():
         )
         got = mask_ops.suppress_shrunk_masks(before, after, thr)
         np.testing.assert_array_equal(got, want.squeeze(1).numpy(), err_msg=str(thr))
+        # a strided view of the same values: the clamp reads rows through any layout
+        flipped = np.ascontiguousarray(before.transpose(0, 2, 1)).transpose(0, 2, 1)
+        np.testing.assert_array_equal(mask_ops.suppress_shrunk_masks(flipped, after, thr), got, err_msg=str(thr))
 
 
 @pytest.mark.parametrize("seed", range(6))
