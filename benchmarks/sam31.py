@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import tempfile
@@ -171,7 +172,10 @@ def main(argv: list[str] | None = None) -> int:
     with sam3track.load(paths["ours 3.0"], threads=a.threads, score_threshold_detection=0.0, new_det_thresh=1.0,
                         **{k: v for k, v in FIXED_30.items() if k != "det_nms_thresh"}) as scorer:
         scores30 = ours_detection_scores(scorer, frames[0], [a.text])
-    results = {"command": " ".join(["python -m benchmarks.sam31", *(argv if argv is not None else sys.argv[1:])]),
+    # a backend named in the environment overrides auto's choice for ours: the command must carry it
+    forced = [f"SAM3TRACK_BACKEND={os.environ['SAM3TRACK_BACKEND']}"] if os.environ.get("SAM3TRACK_BACKEND") else []
+    command = [*forced, "python -m benchmarks.sam31", *(argv if argv is not None else sys.argv[1:])]
+    results = {"command": " ".join(command),
                "started": time.strftime("%Y-%m-%d %H:%M"), "clip": a.clip, "text": a.text, "frames": a.frames,
                "reps": a.reps, "threads": a.threads, "counts": {}}
     for n in counts:
