@@ -56,18 +56,34 @@ def _masks(predictor, frames):
         return [(r.object_ids.copy(), r.masks.copy(), r.scores.copy()) for r in s.propagate()]
 
 
+def _workers_stop_spinning_after_runs(predictor):
+    """Every session the backend opened stops its workers' spinning when a run ends (ort_sessions.py:
+    otherwise they spin into the next session's run); its copy and gather helpers have no workers."""
+    backend = predictor.backend
+    sessions = [g.session for g in backend._graphs if g.session is not None]
+    assert sessions
+    for session in sessions:
+        assert session.get_session_options().get_session_config_entry("session.force_spinning_stop") == "1"
+    for session in backend._copy_sessions.values():
+        assert session.get_session_options().intra_op_num_threads == 1
+
+
 def test_second_load_hits_the_cache_and_tracks_the_same(tiny_bundle, frames, tmp_path):
     cache = tmp_path / "cache"
     first, did = _load(tiny_bundle, cache)
     assert did == {"written": GRAPHS}
     assert len(_entries(cache)) == GRAPHS and len(list((cache / "hashes").iterdir())) == 1
+    _workers_stop_spinning_after_runs(first)  # sessions optimised now
     first.close()
     second, did = _load(tiny_bundle, cache)
     assert did == {"hit": GRAPHS}
     cached = _masks(second, frames)
+    _workers_stop_spinning_after_runs(second)  # sessions opened from the cache
+    assert second.backend._copy_sessions
     second.close()
     with sam3track.load(tiny_bundle, compile_cache=False) as plain:
         direct = _masks(plain, frames)
+        _workers_stop_spinning_after_runs(plain)
     assert len(cached) == len(direct) == len(frames) and any(len(ids) for ids, _, _ in cached)
     for a, b in zip(cached, direct):  # the same graph optimised the same way: equal to the bit
         for x, y in zip(a, b):

@@ -290,7 +290,9 @@ class OnnxRuntimeBackend(Backend):
             g = helper.make_graph([node], kind, inputs, [helper.make_tensor_value_info("y", elem, None)])
             model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
             model.ir_version = 9
-            self._copy_sessions[key] = self._ort.InferenceSession(model.SerializeToString(),
+            options = self._ort.SessionOptions()
+            options.intra_op_num_threads = 1  # a copy or a row gather: no pool whose workers spin after it
+            self._copy_sessions[key] = self._ort.InferenceSession(model.SerializeToString(), sess_options=options,
                                                                   providers=self._providers)
         return self._copy_sessions[key]
 

@@ -14,6 +14,14 @@ from .. import load_notice
 from ..errors import BackendError, BundleError
 
 
+def stop_spinning_after_runs(options) -> None:
+    """Workers spin while a run lasts, and stop when it ends. A frame runs several sessions in turn,
+    each with its own pool, with numpy work between them: by default the last session's workers kept
+    spinning into the next one's run (seeded SAM 3.1, 16 objects, 2-core AVX2 EPYC: 1.83-1.98 s over 4
+    frames -> 1.44-1.46; docs/speed.md, "Threads")."""
+    options.add_session_config_entry("session.force_spinning_stop", "1")
+
+
 class SessionMaker:
     """Makes the sessions of one backend: its ONNX Runtime module, providers, threads, compile cache (a
     compile_cache.CompileCache or None) and weights ("fp32" or "fp16")."""
@@ -32,6 +40,7 @@ class SessionMaker:
         options = self.ort.SessionOptions()  # a fresh one per session: saving and levels differ per graph
         options.log_severity_level = 3
         options.intra_op_num_threads = self.threads
+        stop_spinning_after_runs(options)
         if not optimise:  # a graph the compile cache saved optimised already
             options.graph_optimization_level = self.ort.GraphOptimizationLevel.ORT_DISABLE_ALL
             if self.weights == "fp16":  # each cast's fp32 copy made just before its consumer, not all at first

@@ -116,6 +116,7 @@ class OmModel:
         # emulator's results do not depend on it, and one thread made every acl test 1.5-2x slower
         so.inter_op_num_threads = 1
         so.log_severity_level = 3
+        so.add_session_config_entry("session.force_spinning_stop", "1")  # as the onnxruntime backend's
         try:
             self.session = ort.InferenceSession(onnx_bytes, so, providers=["CPUExecutionProvider"])
         except Exception as e:  # noqa: BLE001 - any ORT failure is a parse failure of the model
