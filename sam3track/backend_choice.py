@@ -48,7 +48,8 @@ GATE_MEMORY_FACTOR = 4
 # there (+256 MB of noise) where that is more.
 DEFAULTS_MEMORY_MB = 3584.0
 MEMORY_SLACK_MB = 256.0
-SCHEMA = 3  # 2: the memory allowance; 3: sweep_rows (verdicts of 1-2 may hold a path they refuse)
+SCHEMA = 4  # 2: the memory allowance; 3: sweep_rows (verdicts of 1-2 may hold a path they refuse);
+# 4: ONNX Runtime's workers stop spinning after runs (its times in verdicts of 1-3 are slower than it is)
 ENV_BACKEND = "SAM3TRACK_BACKEND"
 log = logging.getLogger("sam3track")
 
