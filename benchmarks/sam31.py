@@ -173,7 +173,8 @@ def main(argv: list[str] | None = None) -> int:
                         **{k: v for k, v in FIXED_30.items() if k != "det_nms_thresh"}) as scorer:
         scores30 = ours_detection_scores(scorer, frames[0], [a.text])
     # a backend named in the environment overrides auto's choice for ours: the command must carry it
-    forced = [f"SAM3TRACK_BACKEND={os.environ['SAM3TRACK_BACKEND']}"] if os.environ.get("SAM3TRACK_BACKEND") else []
+    named = os.environ.get("SAM3TRACK_BACKEND", "").strip()
+    forced = [f"SAM3TRACK_BACKEND={named}"] if named else []
     command = [*forced, "python -m benchmarks.sam31", *(argv if argv is not None else sys.argv[1:])]
     results = {"command": " ".join(command),
                "started": time.strftime("%Y-%m-%d %H:%M"), "clip": a.clip, "text": a.text, "frames": a.frames,
@@ -221,7 +222,9 @@ def _paths_line(results: dict) -> str:
     paths = next(iter(results["counts"].values()), {}).get("paths")
     if not paths:
         return ""
-    return '; ours at backend="auto": ' + "; ".join(f"{k} ran {v}" for k, v in paths.items())
+    how = ("ours with the backend named by SAM3TRACK_BACKEND" if results["command"].startswith("SAM3TRACK_BACKEND=")
+           else 'ours at backend="auto"')
+    return f"; {how}: " + "; ".join(f"{k} ran {v}" for k, v in paths.items())
 
 
 def report(results: dict) -> str:

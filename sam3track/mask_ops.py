@@ -311,6 +311,9 @@ def _clamp_rows(x: np.ndarray, keep: np.ndarray) -> np.ndarray:
     One pass per row, into the new array: a copy of the stack then a masked minimum read and wrote
     each suppressed row three more times (84 of 100 ms of the rule at 128 x 256 x 256 logits)."""
     n = x.shape[0]
+    keep = np.asarray(keep, dtype=bool)
+    if keep.shape != (n,):  # rows past a short keep would come back unwritten
+        raise ValueError(f"keep has shape {keep.shape}, expected ({n},): one flag per row")
     out = np.empty(x.shape, x.dtype)
     src, dst = x.reshape(n, -1) if n else x, out.reshape(n, -1) if n else out
     limit = x.dtype.type(NO_OBJ_LOGIT)

@@ -198,6 +198,12 @@ def test_sam31_benchmark_report_states_ratios_counts_and_calls():
                    "Meta 3.1": side(2000.0, [17], None)}}}}
     row = report(results).strip().splitlines()[-1]
     assert row == "| 17 | 500 [500-500] | 1,000 [1,000-1,000] | 2,000 [2,000-2,000] | 0.50 | 0.25 | 17 / 17 / 17 | 1 / 1 |"
+    # which path ours took: auto's choice, or the backend the environment named (then not auto's)
+    results["counts"]["17"]["paths"] = {"ours 3.1": "openvino"}
+    assert 'ours at backend="auto": ours 3.1 ran openvino' in report(results).splitlines()[0]
+    results["command"] = "SAM3TRACK_BACKEND=openvino " + results["command"]
+    head = report(results).splitlines()[0]
+    assert "named by SAM3TRACK_BACKEND: ours 3.1 ran openvino" in head and "auto" not in head
 
 
 def _matmul_conv_model():

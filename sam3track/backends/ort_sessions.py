@@ -17,8 +17,8 @@ from ..errors import BackendError, BundleError
 def stop_spinning_after_runs(options) -> None:
     """Workers spin while a run lasts, and stop when it ends. A frame runs several sessions in turn,
     each with its own pool, with numpy work between them: by default the last session's workers kept
-    spinning into the next one's run (seeded SAM 3.1, 16 objects, 2-core AVX2 EPYC: 1.83-1.98 s over 4
-    frames -> 1.44-1.46; docs/speed.md, "Threads")."""
+    spinning into the next one's run (seeded SAM 3.1, 16 objects, 2-core AVX2 EPYC: 2.17-2.50 s over 5
+    frames -> 1.73-1.78; docs/speed.md, "Threads")."""
     options.add_session_config_entry("session.force_spinning_stop", "1")
 
 
