@@ -315,7 +315,9 @@ def _clamp_rows(x: np.ndarray, keep: np.ndarray) -> np.ndarray:
     if keep.shape != (n,):  # rows past a short keep would come back unwritten
         raise ValueError(f"keep has shape {keep.shape}, expected ({n},): one flag per row")
     out = np.empty(x.shape, x.dtype)
-    src, dst = x.reshape(n, -1) if n else x, out.reshape(n, -1) if n else out
+    if n == 0:
+        return out
+    src, dst = x.reshape(n, -1), out.reshape(n, -1)
     limit = x.dtype.type(NO_OBJ_LOGIT)
     for row, kept in enumerate(keep):
         if kept:

@@ -111,12 +111,14 @@ class OmModel:
     def _make_session(self, onnx_bytes: bytes) -> None:
         import onnxruntime as ort
 
+        from ...backends.ort_sessions import stop_spinning_after_runs
+
         so = ort.SessionOptions()
         # intra-op threads at ONNX Runtime's default (one per core), as the onnxruntime backend runs: the
         # emulator's results do not depend on it, and one thread made every acl test 1.5-2x slower
         so.inter_op_num_threads = 1
         so.log_severity_level = 3
-        so.add_session_config_entry("session.force_spinning_stop", "1")  # as the onnxruntime backend's
+        stop_spinning_after_runs(so)  # as the onnxruntime backend's sessions
         try:
             self.session = ort.InferenceSession(onnx_bytes, so, providers=["CPUExecutionProvider"])
         except Exception as e:  # noqa: BLE001 - any ORT failure is a parse failure of the model
