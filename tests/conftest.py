@@ -165,9 +165,12 @@ CPU_CLASS = CPU_ISA + ("/1-thread" if _worker_threads() == 1 else "")
 # Where every rounding_xfail outcome was measured: a Xeon with AMX (the strict marks' first CI machines),
 # AMD Zen 4 (../shared/docs/suite-profile.md: the same outcomes as the Xeon) and AMD EPYC with AVX2 only,
 # with two threads; AMD EPYC (AVX2) and AMD Zen 4 also with one thread per pool (CI's two workers on 2
-# cores). A mark's `diverges_on` names an ISA (every thread count) or an ISA with "/1-thread".
-MEASURED_CLASSES = ("avx512-amx", "avx512-bf16", "avx2", "avx512-bf16/1-thread", "avx2/1-thread")
-AVX512 = ("avx512-amx", "avx512-bf16")  # measured AVX-512 classes: equal outcomes with two threads
+# cores); an Intel Xeon with AVX-512 and VNNI but neither bf16 nor AMX (model 106, Ice Lake) with both
+# (2026-12-07: the same outcomes with two threads and one). A mark's `diverges_on` names an ISA (every
+# thread count) or an ISA with "/1-thread".
+MEASURED_CLASSES = ("avx512-amx", "avx512-bf16", "avx512", "avx2", "avx512-bf16/1-thread", "avx512/1-thread",
+                    "avx2/1-thread")
+AVX512 = ("avx512-amx", "avx512-bf16", "avx512")  # measured AVX-512 classes: equal outcomes with two threads
 
 
 def mask_iou(a, b) -> float:
