@@ -13,9 +13,10 @@ grounding head and text encoder once per call at one image or prompt):
 - the call's time on each runtime (``graph_speed.session``: ONNX Runtime fp32, OpenVINO f32, OpenVINO bf16
   dynamic and static shapes), runtime by runtime (one runtime's sessions open at a time: memory), repetitions
   interleaved over the runtime's cases after a warm-up call each, medians [min-max];
-- the machine's peaks, measured in the same run through the same runtimes: the best GFLOP/s of a 4096 x 1024
-  x 2048 MatMul per runtime (``graph_speed.matmul_throughput``), just before that runtime's calls, and the
-  memory bandwidth (best of a numpy copy and an ONNX Runtime element-wise Add over 256 MiB arrays);
+- the machine's peaks, measured in the same run through the same runtimes, just before that runtime's calls:
+  the best GFLOP/s of a 4096 x 1024 x 2048 MatMul (``graph_speed.matmul_throughput``) or of a 3x3
+  convolution of 256 channels at 64 x 64, whichever is higher (a runtime's convolution kernels can outrun
+  its MatMul); and the memory bandwidth (best of a numpy copy and an ONNX Runtime Add over 256 MiB arrays);
 - achieved GFLOP/s = GEMM FLOPs / median time, the roofline = min(peak, intensity * bandwidth), and the
   fraction achieved / roofline (1.0: on the roofline; the issue's target is >= 1/1.5 = 0.67);
 - where the time goes, from one profiled call per case (ONNX Runtime's profiler; OpenVINO's per-layer
@@ -107,9 +108,8 @@ def memory_bandwidth(reps: int, threads: int | None, mib: int = 256) -> dict:
 
 
 def matmul_peak(runtime: str, reps: int, threads: int | None, shape: tuple) -> dict:
-    """GFLOP/s of an [m, k] x [k, n] MatMul with constant weights on ``runtime``, from its fastest repetition by
-    wall clock and by process CPU time (``graph_speed.matmul_throughput``'s graph), or why it is unavailable."""
-    import onnx
+    """GFLOP/s of an [m, k] x [k, n] MatMul with constant weights on ``runtime`` (``graph_speed.matmul_throughput``'s
+    graph), or why it is unavailable (``_peak_of``)."""
     from onnx import TensorProto, helper, numpy_helper
 
     m, k, n = shape
@@ -119,19 +119,54 @@ def matmul_peak(runtime: str, reps: int, threads: int | None, shape: tuple) -> d
                               [helper.make_tensor_value_info("x", TensorProto.FLOAT, [m, k])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [m, n])], [weight])
     x = {"x": rng.standard_normal((m, k)).astype(np.float32)}
+    return _peak_of(runtime, graph, x, 2 * m * k * n, reps, threads)
+
+
+def conv_peak(runtime: str, reps: int, threads: int | None, shape: tuple) -> dict:
+    """GFLOP/s of a 3x3 convolution (padding 1) of a [1, c, h, w] input to c channels, constant weights, on
+    ``runtime``: the runtimes' direct convolution kernels outrun their MatMul on some CPUs (ONNX Runtime's
+    NCHWc convolutions on AVX-512: 162 against 117 GFLOP/s on one thread), so a MatMul alone is no ceiling."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    c, h, w = shape
+    rng = np.random.default_rng(0)
+    weight = numpy_helper.from_array((rng.standard_normal((c, c, 3, 3)) / (3 * c ** 0.5)).astype(np.float32), "w")
+    node = helper.make_node("Conv", ["x", "w"], ["y"], kernel_shape=[3, 3], pads=[1, 1, 1, 1])
+    graph = helper.make_graph([node], "conv", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, c, h, w])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, c, h, w])], [weight])
+    x = {"x": rng.standard_normal((1, c, h, w)).astype(np.float32)}
+    return _peak_of(runtime, graph, x, 2 * c * c * 9 * h * w, reps, threads)
+
+
+def _peak_of(runtime: str, graph, feeds: dict, flops: int, reps: int, threads: int | None) -> dict:
+    """GFLOP/s of one-node ``graph`` on ``runtime`` from its fastest repetition by wall clock and by process CPU
+    time, and from the median by wall clock; or why it is unavailable."""
+    import onnx
+    from onnx import helper
+
     with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / "matmul.onnx"
+        path = Path(tmp) / "peak.onnx"
         onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
         try:
-            run = session(runtime, path, threads, x)
+            run = session(runtime, path, threads, feeds)
         except Exception as exc:  # no openvino, no bf16 on this CPU: say so, go on
             return {"unavailable": f"{type(exc).__name__}: {exc}"}
-        run(x)
-        times = [_timed(run, x) for _ in range(max(reps, 5))]
-    flops = 2 * m * k * n
+        run(feeds)
+        times = [_timed(run, feeds) for _ in range(max(reps, 5))]
     return {"wall_gflops": round(flops / min(w for w, _ in times) / 1e6, 1),
             "cpu_gflops": round(flops / max(min(c for _, c in times), 1e-6) / 1e6, 1),
             "median_wall_gflops": round(flops / statistics.median(w for w, _ in times) / 1e6, 1)}
+
+
+def peaks_of(r: dict, runtimes: list[str], clock: str) -> dict:
+    """Each runtime's peak by ``clock``: the higher of its MatMul's and its convolution's (results.json files
+    written before the convolution was measured: the MatMul's)."""
+    peaks = {}
+    for rt in runtimes:
+        found = [r[kind][rt].get(f"{clock}_gflops") for kind in ("matmul", "conv") if rt in r.get(kind, {})]
+        found = [g for g in found if g]
+        peaks[rt] = max(found) if found else None
+    return peaks
 
 
 def _timed(run, feeds) -> tuple[float, float]:
@@ -156,17 +191,21 @@ def count_cases(bundle: Path, manifest: dict, cases: list, memories: int, pointe
 
 
 def time_cases(bundle: Path, manifest: dict, cases: list, runtimes: list[str], feeds: dict, reps: int,
-               threads: int | None, matmul_shape: tuple, log=print) -> tuple[dict, dict]:
-    """Runtime by runtime: its MatMul peak (``matmul_peak``), then one warm-up call per case
+               threads: int | None, peak_shapes: dict, log=print) -> tuple[dict, dict]:
+    """Runtime by runtime: its peaks (``matmul_peak`` and ``conv_peak`` at ``peak_shapes``' "matmul" and "conv"
+    shapes), then one warm-up call per case
     (static variants compile for the case's shapes first) and ``reps`` repetitions interleaved over its cases;
     its sessions are closed before the next runtime's open (at mid, 64 objects, all runtimes' sessions at
     once went past 23 GB RSS and were killed). The peak is measured just before the calls it is compared
-    with, so a change in the machine's load between runtimes moves both. Returns (timings, matmul results):
+    with, so a change in the machine's load between runtimes moves both. Returns (timings, peaks: "matmul"
+    and "conv", each its shape and per-runtime results):
     timings (runtime, graph, size) -> wall and process CPU milliseconds (median, min, max, every repetition)."""
-    timings, matmul = {}, {"shape": list(matmul_shape)}
+    timings = {}
+    peaks = {kind: {"shape": list(shape)} for kind, shape in peak_shapes.items()}
     for runtime in runtimes:
-        matmul[runtime] = matmul_peak(runtime, reps, threads, matmul_shape)
-        log(f"  {runtime}: MatMul {matmul[runtime]}, load {_load()}")
+        peaks["matmul"][runtime] = matmul_peak(runtime, reps, threads, peak_shapes["matmul"])
+        peaks["conv"][runtime] = conv_peak(runtime, reps, threads, peak_shapes["conv"])
+        log(f"  {runtime}: MatMul {peaks['matmul'][runtime]}, Conv {peaks['conv'][runtime]}, load {_load()}")
         runs, plain = {}, {}
         for graph, size in cases:
             path = bundle / manifest["graphs"][graph]["file"]
@@ -191,7 +230,7 @@ def time_cases(bundle: Path, manifest: dict, cases: list, runtimes: list[str], f
                             "ms": wall, "cpu_ms": cpu}
         del runs, plain, run
         gc.collect()
-    return timings, matmul
+    return timings, peaks
 
 
 def _kernel_class(op: str) -> str:
@@ -345,18 +384,12 @@ def markdown(r: dict) -> str:
              + ", ".join(f"{k} {v}" for k, v in m["versions"].items()) + ".", "",
              f"**Calls:** bundle `{s['bundle']}`; per-object graphs at {', '.join(map(str, s['objects']))} objects, "
              f"each reading {s['memories']} memories and {s['pointers']} object pointers; the others once per call "
-             f"(one image, one prompt). Runtime by runtime (each one's MatMul peak measured just before its calls), "
+             f"(one image, one prompt). Runtime by runtime (each one's peaks measured just before its calls), "
              f"{s['reps']} repetitions interleaved over its cases after a warm-up call each, threads: "
              f"{s['threads'] or 'each runtime default'}.", ""]
     clock = s.get("clock", "wall")
     lines += [f"**Clock:** {CLOCKS[clock]}", ""]
-    lines += ["## Peaks (measured in this run, through the same runtimes, before each runtime's calls)", "",
-              "| runtime | precision | MatMul " + "x".join(map(str, r["matmul"]["shape"])) + ": best by CPU time, "
-              "GFLOP/s | best by wall clock | median by wall clock |", "|---|---|---|---|---|"]
-    for rt in s["runtimes"]:
-        mm = r["matmul"].get(rt, {})
-        lines.append(f"| {LABEL[rt]} | {PRECISION[rt]} | {mm.get('cpu_gflops', mm.get('unavailable', '-'))} | "
-                     f"{mm.get('wall_gflops', '-')} | {mm.get('median_wall_gflops', '-')} |")
+    lines += _peak_table(r, clock)
     bw = r["bandwidth"]
     lines += ["", f"Memory bandwidth: **{bw['gbps']} GB/s** (best of a numpy copy, {bw['numpy_copy']} GB/s, and an "
               f"ONNX Runtime Add, {bw['ort_add']} GB/s, over {bw['mib']} MiB; read + write bytes). Ridge points: "
@@ -366,6 +399,30 @@ def markdown(r: dict) -> str:
     lines += _profile_table(r["rows"])
     lines += _op_rates(r)
     return "\n".join(lines) + "\n"
+
+
+CLOCK_NAMES = {"cpu": "process CPU time", "wall": "wall clock"}
+
+
+def _peak_table(r: dict, clock: str) -> list[str]:
+    """Each runtime's MatMul and convolution GFLOP/s and the peak the rows are held to (the higher by the
+    run's clock); results.json files from before the convolution have none (the MatMul is the peak)."""
+    kinds = [("matmul", "MatMul " + "x".join(map(str, r["matmul"]["shape"])))]
+    if "conv" in r:
+        kinds.append(("conv", "Conv 3x3 " + "x".join(map(str, r["conv"]["shape"]))))
+    head = " | ".join(f"{name}: best by CPU time | best by wall clock | median by wall clock" for _, name in kinds)
+    lines = ["## Peaks (measured in this run, through the same runtimes, before each runtime's calls)", "",
+             f"GFLOP/s. The peak each row is held to: the higher of these by {CLOCK_NAMES[clock]}.", "",
+             f"| runtime | precision | {head} | peak |", "|---|---|" + "---|---|---|" * len(kinds) + "---|"]
+    for rt in r["settings"]["runtimes"]:
+        cells = []
+        for kind, _ in kinds:
+            got = r[kind].get(rt, {})
+            cells += [got.get("cpu_gflops", got.get("unavailable", "-")), got.get("wall_gflops", "-"),
+                      got.get("median_wall_gflops", "-")]
+        lines.append(f"| {LABEL[rt]} | {PRECISION[rt]} | " + " | ".join(map(str, cells))
+                     + f" | {_num(r['peaks'].get(rt))} |")
+    return lines
 
 
 def _table(rows: list[dict], runtimes: list[str]) -> list[str]:
@@ -415,7 +472,7 @@ def _op_rates(r: dict) -> list[str]:
         return []
     return ["## ONNX Runtime: GFLOP/s of each GEMM-class op type", "",
             "Counted FLOPs of the op type over its profiled kernel time (fused MatMul/Conv kernels counted as "
-            f"their op; the MatMul peak: {_num(r['peaks'].get('ort'))} GFLOP/s).", "",
+            f"their op; the peak: {_num(r['peaks'].get('ort'))} GFLOP/s).", "",
             "| graph | size | op types |", "|---|---|---|", *lines, ""]
 
 
@@ -451,7 +508,7 @@ MARKERS = {"backbone": "s", "text_encoder": "^", "grounding_head": "D", "propaga
 
 
 def plot(r: dict, path: Path) -> None:
-    """Log-log roofline: one line per runtime (its MatMul peak, the measured bandwidth), one point per graph,
+    """Log-log roofline: one line per runtime (its peak, the measured bandwidth), one point per graph,
     call size and runtime."""
     import matplotlib
 
@@ -511,6 +568,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--profile-max", type=int, default=16, help="profile calls of at most this size (0: none)")
     p.add_argument("--matmul-shape", default="4096,1024,2048", help="M,K,N of the peak MatMul")
+    p.add_argument("--conv-shape", default="256,64,64", help="C,H,W of the peak 3x3 convolution (C to C channels)")
     p.add_argument("--bandwidth-mib", type=int, default=256, help="array size of the bandwidth passes")
     p.add_argument("--profile-calls", type=int, default=3, help="profiled calls per case (median per op type)")
     p.add_argument("--out", type=Path, required=True)
@@ -552,11 +610,13 @@ def main(argv: list[str] | None = None) -> int:
     counts = count_cases(bundle, manifest, cases, memories, pointers, log)
     feeds = {case: call_feeds(manifest, *case, memories, pointers) for case in cases}
     log("timing")
-    shape = tuple(int(x) for x in args.matmul_shape.split(","))
-    timings, r["matmul"] = time_cases(bundle, manifest, cases, runtimes, feeds, args.reps, args.threads, shape, log)
+    shapes = {kind: tuple(int(x) for x in value.split(",")) for kind, value in
+              (("matmul", args.matmul_shape), ("conv", args.conv_shape))}
+    timings, peaks = time_cases(bundle, manifest, cases, runtimes, feeds, args.reps, args.threads, shapes, log)
+    r.update(peaks)
     clock = "cpu" if args.threads == 1 else "wall"  # CPU time sums threads: only one thread compares with wall
     r["settings"]["clock"] = clock
-    r["peaks"] = {rt: r["matmul"][rt].get(f"{clock}_gflops") for rt in runtimes}
+    r["peaks"] = peaks_of(r, runtimes, clock)
     profiles = {}
     for (runtime, graph, size) in timings:
         if size <= args.profile_max:

@@ -274,7 +274,8 @@ def test_roofline_tool_runs_at_tiny_size(tiny_bundle, tmp_path):
     out = tmp_path / "roof"
     assert roofline_main(["--bundle", str(tiny_bundle), "--objects", "1,2", "--reps", "1", "--threads", "1",
                           "--runtimes", "ort", "--profile-max", "1", "--profile-calls", "1",
-                          "--matmul-shape", "256,256,256", "--bandwidth-mib", "8", "--out", str(out)]) == 0
+                          "--matmul-shape", "256,256,256", "--conv-shape", "16,8,8", "--bandwidth-mib", "8",
+                          "--out", str(out)]) == 0
     r = json.loads((out / "results.json").read_text())
     graphs = {"backbone", "text_encoder", "grounding_head", "propagation_decoder", "memory_encoder"}
     assert {c["graph"] for c in r["counts"]} == graphs
@@ -282,7 +283,9 @@ def test_roofline_tool_runs_at_tiny_size(tiny_bundle, tmp_path):
     assert {(row["graph"], row["size"]) for row in r["rows"] if row["runtime"] == "ort"} == {
         ("backbone", 1), ("text_encoder", 1), ("grounding_head", 1), ("propagation_decoder", 1),
         ("propagation_decoder", 2), ("memory_encoder", 1), ("memory_encoder", 2)}
-    assert r["peaks"]["ort"] > 0 and r["bandwidth"]["gbps"] > 0
+    assert r["bandwidth"]["gbps"] > 0 and r["conv"]["shape"] == [16, 8, 8]
+    # the peak held to: the higher of the MatMul's and the convolution's by the run's clock (CPU time: one thread)
+    assert r["peaks"]["ort"] == max(r["matmul"]["ort"]["cpu_gflops"], r["conv"]["ort"]["cpu_gflops"]) > 0
     for row in r["rows"]:
         assert row["achieved_gflops"] > 0 and (row["fraction"] is None or row["fraction"] > 0), row
     assert "profile" in next(row for row in r["rows"] if row["runtime"] == "ort" and row["size"] == 1)
