@@ -102,7 +102,7 @@ def memory_bandwidth(reps: int, threads: int | None, mib: int = 256) -> dict:
 
 def matmul_peak(runtime: str, reps: int, threads: int | None, shape: tuple) -> dict:
     """GFLOP/s of an [m, k] x [k, n] MatMul with constant weights on ``runtime`` (``graph_speed.matmul_throughput``'s
-    graph), or why it is unavailable (``_peak_of``)."""
+    graph), or why it is unavailable (``_one_node_gflops``)."""
     from onnx import TensorProto, helper, numpy_helper
 
     m, k, n = shape
@@ -112,13 +112,14 @@ def matmul_peak(runtime: str, reps: int, threads: int | None, shape: tuple) -> d
                               [helper.make_tensor_value_info("x", TensorProto.FLOAT, [m, k])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [m, n])], [weight])
     x = {"x": rng.standard_normal((m, k)).astype(np.float32)}
-    return _peak_of(runtime, graph, x, 2 * m * k * n, reps, threads)
+    return _one_node_gflops(runtime, graph, x, 2 * m * k * n, reps, threads)
 
 
 def conv_peak(runtime: str, reps: int, threads: int | None, shape: tuple) -> dict:
     """GFLOP/s of a 3x3 convolution (padding 1) of a [1, c, h, w] input to c channels, constant weights, on
     ``runtime``: the runtimes' direct convolution kernels outrun their MatMul on some CPUs (ONNX Runtime's
-    NCHWc convolutions on AVX-512: 162 against 117 GFLOP/s on one thread), so a MatMul alone is no ceiling."""
+    NCHWc convolutions on an AVX-512 Ice Lake: 155, 162 in the backbone, against the MatMul's 114 GFLOP/s on one
+    thread), so a MatMul alone is no ceiling."""
     from onnx import TensorProto, helper, numpy_helper
 
     c, h, w = shape
@@ -128,10 +129,10 @@ def conv_peak(runtime: str, reps: int, threads: int | None, shape: tuple) -> dic
     graph = helper.make_graph([node], "conv", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, c, h, w])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, c, h, w])], [weight])
     x = {"x": rng.standard_normal((1, c, h, w)).astype(np.float32)}
-    return _peak_of(runtime, graph, x, 2 * c * c * 9 * h * w, reps, threads)
+    return _one_node_gflops(runtime, graph, x, 2 * c * c * 9 * h * w, reps, threads)
 
 
-def _peak_of(runtime: str, graph, feeds: dict, flops: int, reps: int, threads: int | None) -> dict:
+def _one_node_gflops(runtime: str, graph, feeds: dict, flops: int, reps: int, threads: int | None) -> dict:
     """GFLOP/s of one-node ``graph`` on ``runtime`` from its fastest repetition by wall clock and by process CPU
     time, and from the median by wall clock; or why it is unavailable."""
     import onnx
@@ -151,14 +152,12 @@ def _peak_of(runtime: str, graph, feeds: dict, flops: int, reps: int, threads: i
             "median_wall_gflops": round(flops / statistics.median(w for w, _ in times) / 1e6, 1)}
 
 
-def peaks_of(r: dict, runtimes: list[str], clock: str) -> dict:
-    """Each runtime's peak by ``clock``: the higher of its MatMul's and its convolution's (results.json files
-    written before the convolution was measured: the MatMul's)."""
+def higher_peaks(r: dict, runtimes: list[str], clock: str) -> dict:
+    """Each runtime's peak by ``clock``: the higher of its MatMul's and its convolution's (None where neither ran)."""
     peaks = {}
     for rt in runtimes:
-        found = [r[kind][rt].get(f"{clock}_gflops") for kind in ("matmul", "conv") if rt in r.get(kind, {})]
-        found = [g for g in found if g]
-        peaks[rt] = max(found) if found else None
+        found = [r[kind][rt].get(f"{clock}_gflops") for kind in ("matmul", "conv")]
+        peaks[rt] = max((g for g in found if g), default=None)
     return peaks
 
 
@@ -419,7 +418,7 @@ def main(argv: list[str] | None = None) -> int:
     r.update(peaks)
     clock = "cpu" if args.threads == 1 else "wall"  # CPU time sums threads: only one thread compares with wall
     r["settings"]["clock"] = clock
-    r["peaks"] = peaks_of(r, runtimes, clock)
+    r["peaks"] = higher_peaks(r, runtimes, clock)
     profiles = {}
     for (runtime, graph, size) in timings:
         if size <= args.profile_max:

@@ -136,14 +136,17 @@ def run_child(args: list[str], what: str, **kwargs) -> subprocess.CompletedProce
 
 def _cpu_isa() -> str:
     """The CPU class whose kernels ONNX Runtime and OpenVINO pick: "avx512-amx" (Xeon Sapphire Rapids and
-    later), "avx512-bf16" (AMD Zen 4: AVX-512 with AVX512-BF16, no AMX), "avx512" (AVX-512 without either),
-    "avx2", else "other"."""
+    later), "avx512-bf16" (AMD Zen 4: AVX-512 with AVX512-BF16, no AMX), "avx512-vnni" (AVX-512 with VNNI
+    and neither of those: Cascade Lake, Ice Lake), "avx512" (AVX-512 without VNNI: Skylake, whose int8
+    kernels differ), "avx2", else "other"."""
     try:
         flags = next((line for line in open("/proc/cpuinfo") if line.startswith("flags")), "").split()
     except OSError:
         return "other"
     if "avx512f" in flags:
-        return "avx512-amx" if "amx_bf16" in flags else "avx512-bf16" if "avx512_bf16" in flags else "avx512"
+        if "amx_bf16" in flags or "avx512_bf16" in flags:
+            return "avx512-amx" if "amx_bf16" in flags else "avx512-bf16"
+        return "avx512-vnni" if "avx512_vnni" in flags else "avx512"
     return "avx2" if "avx2" in flags else "other"
 
 
@@ -165,12 +168,13 @@ CPU_CLASS = CPU_ISA + ("/1-thread" if _worker_threads() == 1 else "")
 # Where every rounding_xfail outcome was measured: a Xeon with AMX (the strict marks' first CI machines),
 # AMD Zen 4 (../shared/docs/suite-profile.md: the same outcomes as the Xeon) and AMD EPYC with AVX2 only,
 # with two threads; AMD EPYC (AVX2) and AMD Zen 4 also with one thread per pool (CI's two workers on 2
-# cores); an Intel Xeon with AVX-512 and VNNI but neither bf16 nor AMX (model 106, Ice Lake) with both
-# (2026-12-07: the same outcomes with two threads and one). A mark's `diverges_on` names an ISA (every
-# thread count) or an ISA with "/1-thread".
-MEASURED_CLASSES = ("avx512-amx", "avx512-bf16", "avx512", "avx2", "avx512-bf16/1-thread", "avx512/1-thread",
-                    "avx2/1-thread")
-AVX512 = ("avx512-amx", "avx512-bf16", "avx512")  # measured AVX-512 classes: equal outcomes with two threads
+# cores); an Intel Xeon with AVX-512 and VNNI but neither bf16 nor AMX (model 106, Ice Lake) with two
+# threads and with one (2026-12-07: the same outcomes). A mark's `diverges_on` names an ISA (every thread
+# count) or an ISA with "/1-thread"; a mark measured on fewer classes names them in its `measured_on`.
+MEASURED_CLASSES = ("avx512-amx", "avx512-bf16", "avx512-vnni", "avx2", "avx512-bf16/1-thread",
+                    "avx512-vnni/1-thread", "avx2/1-thread")
+# The measured AVX-512 classes of the static-shapes stream mark (equal outcomes with two threads)
+AVX512 = ("avx512-amx", "avx512-bf16", "avx512-vnni")
 
 
 def mask_iou(a, b) -> float:
