@@ -118,7 +118,7 @@ def matmul_peak(runtime: str, reps: int, threads: int | None, shape: tuple) -> d
 def conv_peak(runtime: str, reps: int, threads: int | None, shape: tuple) -> dict:
     """GFLOP/s of a 3x3 convolution (padding 1) of a [1, c, h, w] input to c channels, constant weights, on
     ``runtime``: the runtimes' direct convolution kernels outrun their MatMul on some CPUs (ONNX Runtime's
-    NCHWc convolutions on an AVX-512 Ice Lake: 155, 162 in the backbone, against the MatMul's 114 GFLOP/s on one
+    NCHWc convolutions on an AVX-512 Ice Lake: 155 (162 in the backbone) against the MatMul's 114 GFLOP/s on one
     thread), so a MatMul alone is no ceiling."""
     from onnx import TensorProto, helper, numpy_helper
 

@@ -30,7 +30,6 @@ def _private_compile_cache(config) -> None:
     its folder behind: the next run removes the folders no live run holds the lock of."""
     if os.environ.get("SAM3TRACK_CACHE"):
         return
-    import shutil
     import tempfile
 
     _remove_orphaned_caches(Path(tempfile.gettempdir()))
@@ -173,8 +172,6 @@ CPU_CLASS = CPU_ISA + ("/1-thread" if _worker_threads() == 1 else "")
 # count) or an ISA with "/1-thread"; a mark measured on fewer classes names them in its `measured_on`.
 MEASURED_CLASSES = ("avx512-amx", "avx512-bf16", "avx512-vnni", "avx2", "avx512-bf16/1-thread",
                     "avx512-vnni/1-thread", "avx2/1-thread")
-# The measured AVX-512 classes of the static-shapes stream mark (equal outcomes with two threads)
-AVX512 = ("avx512-amx", "avx512-bf16", "avx512-vnni")
 
 
 def mask_iou(a, b) -> float:
