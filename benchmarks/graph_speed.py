@@ -127,12 +127,9 @@ def time_graphs(bundles: list[Path], graphs: list[str], runtimes: list[str], obj
     return rows
 
 
-def matmul_throughput(reps: int, threads: int | None, m: int = 4096, k: int = 1024, n: int = 2048,
-                      runtimes: tuple[str, ...] = RUNTIMES) -> dict:
-    """GFLOPS of one [m, k] x [k, n] MatMul with constant weights, in ONNX Runtime fp32 and OpenVINO f32/bf16:
-    about the most a dense fp32 (or bf16) graph can get from this CPU. ``gflops``: from the median of the
-    repetitions; ``best_gflops``: from the fastest (the ceiling, for a roofline)."""
-    import onnx
+def matmul_graph(m: int, k: int, n: int):
+    """A one-node [m, k] x [k, n] MatMul graph with constant (seeded) weights, and its feeds: the CPU's
+    dense fp32 ceiling here and in benchmarks.roofline."""
     from onnx import TensorProto, helper, numpy_helper
 
     rng = np.random.default_rng(0)
@@ -140,10 +137,21 @@ def matmul_throughput(reps: int, threads: int | None, m: int = 4096, k: int = 10
     graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"])], "matmul",
                               [helper.make_tensor_value_info("x", TensorProto.FLOAT, [m, k])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [m, n])], [weight])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    return graph, {"x": rng.standard_normal((m, k)).astype(np.float32)}
+
+
+def matmul_throughput(reps: int, threads: int | None, m: int = 4096, k: int = 1024, n: int = 2048,
+                      runtimes: tuple[str, ...] = RUNTIMES) -> dict:
+    """GFLOPS of one [m, k] x [k, n] MatMul with constant weights, in ONNX Runtime fp32 and OpenVINO f32/bf16:
+    about the most a dense fp32 (or bf16) graph can get from this CPU. ``gflops``: from the median of the
+    repetitions; ``best_gflops``: from the fastest (the ceiling, for a roofline)."""
     import tempfile
 
-    x = {"x": rng.standard_normal((m, k)).astype(np.float32)}
+    import onnx
+    from onnx import helper
+
+    graph, x = matmul_graph(m, k, n)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     out, best = {}, {}
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "matmul.onnx"

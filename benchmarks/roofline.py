@@ -45,7 +45,7 @@ from pathlib import Path
 import numpy as np
 
 from benchmarks.flops import count_graph
-from benchmarks.graph_speed import cpu_flags, graph_inputs, openvino_request, session
+from benchmarks.graph_speed import cpu_flags, graph_inputs, matmul_graph, openvino_request, session
 from benchmarks.roofline_report import GRAPHS, PER_OBJECT, PRECISION, RUNTIMES, write_report
 
 # op classes of the profiles: GEMM-class kernels, layout copies, and the rest (element-wise, norms, softmax)
@@ -101,17 +101,10 @@ def memory_bandwidth(reps: int, threads: int | None, mib: int = 256) -> dict:
 
 
 def matmul_peak(runtime: str, reps: int, threads: int | None, shape: tuple) -> dict:
-    """GFLOP/s of an [m, k] x [k, n] MatMul with constant weights on ``runtime`` (``graph_speed.matmul_throughput``'s
-    graph), or why it is unavailable (``_one_node_gflops``)."""
-    from onnx import TensorProto, helper, numpy_helper
-
+    """GFLOP/s of an [m, k] x [k, n] MatMul with constant weights on ``runtime`` (``graph_speed.matmul_graph``),
+    or why it is unavailable (``_one_node_gflops``)."""
     m, k, n = shape
-    rng = np.random.default_rng(0)
-    weight = numpy_helper.from_array(rng.standard_normal((k, n)).astype(np.float32), "w")
-    graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"])], "matmul",
-                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [m, k])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [m, n])], [weight])
-    x = {"x": rng.standard_normal((m, k)).astype(np.float32)}
+    graph, x = matmul_graph(m, k, n)
     return _one_node_gflops(runtime, graph, x, 2 * m * k * n, reps, threads)
 
 
@@ -152,11 +145,14 @@ def _one_node_gflops(runtime: str, graph, feeds: dict, flops: int, reps: int, th
             "median_wall_gflops": round(flops / statistics.median(w for w, _ in times) / 1e6, 1)}
 
 
+PEAK_KERNELS = {"matmul": matmul_peak, "conv": conv_peak}  # the kernels whose best rate is a runtime's peak
+
+
 def higher_peaks(r: dict, runtimes: list[str], clock: str) -> dict:
-    """Each runtime's peak by ``clock``: the higher of its MatMul's and its convolution's (None where neither ran)."""
+    """Each runtime's peak by ``clock``: the highest of its PEAK_KERNELS' rates (None where none ran)."""
     peaks = {}
     for rt in runtimes:
-        found = [r[kind][rt].get(f"{clock}_gflops") for kind in ("matmul", "conv")]
+        found = [r[kind][rt].get(f"{clock}_gflops") for kind in PEAK_KERNELS]
         peaks[rt] = max((g for g in found if g), default=None)
     return peaks
 
@@ -184,8 +180,8 @@ def count_cases(bundle: Path, manifest: dict, cases: list, memories: int, pointe
 
 def time_cases(bundle: Path, manifest: dict, cases: list, runtimes: list[str], feeds: dict, reps: int,
                threads: int | None, peak_shapes: dict, log=print) -> tuple[dict, dict]:
-    """Runtime by runtime: its peaks (``matmul_peak`` and ``conv_peak`` at ``peak_shapes``' "matmul" and "conv"
-    shapes), then one warm-up call per case
+    """Runtime by runtime: its peaks (each of PEAK_KERNELS at its shape in ``peak_shapes``), then one warm-up
+    call per case
     (static variants compile for the case's shapes first) and ``reps`` repetitions interleaved over its cases;
     its sessions are closed before the next runtime's open (at mid, 64 objects, all runtimes' sessions at
     once went past 23 GB RSS and were killed). The peak is measured just before the calls it is compared
@@ -195,8 +191,8 @@ def time_cases(bundle: Path, manifest: dict, cases: list, runtimes: list[str], f
     timings = {}
     peaks = {kind: {"shape": list(shape)} for kind, shape in peak_shapes.items()}
     for runtime in runtimes:
-        peaks["matmul"][runtime] = matmul_peak(runtime, reps, threads, peak_shapes["matmul"])
-        peaks["conv"][runtime] = conv_peak(runtime, reps, threads, peak_shapes["conv"])
+        for kind, measure in PEAK_KERNELS.items():
+            peaks[kind][runtime] = measure(runtime, reps, threads, peak_shapes[kind])
         log(f"  {runtime}: MatMul {peaks['matmul'][runtime]}, Conv {peaks['conv'][runtime]}, load {_load()}")
         runs, plain = {}, {}
         for graph, size in cases:

@@ -142,11 +142,12 @@ def _cpu_isa() -> str:
         flags = next((line for line in open("/proc/cpuinfo") if line.startswith("flags")), "").split()
     except OSError:
         return "other"
-    if "avx512f" in flags:
-        if "amx_bf16" in flags or "avx512_bf16" in flags:
-            return "avx512-amx" if "amx_bf16" in flags else "avx512-bf16"
-        return "avx512-vnni" if "avx512_vnni" in flags else "avx512"
-    return "avx2" if "avx2" in flags else "other"
+    if "avx512f" not in flags:
+        return "avx2" if "avx2" in flags else "other"
+    for flag, isa in (("amx_bf16", "avx512-amx"), ("avx512_bf16", "avx512-bf16"), ("avx512_vnni", "avx512-vnni")):
+        if flag in flags:
+            return isa
+    return "avx512"
 
 
 CPU_ISA = _cpu_isa()
