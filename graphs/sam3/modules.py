@@ -369,14 +369,7 @@ class MemoryEncoder(nn.Module):
 
     def forward(self, tracker_feat, mask_logits, object_score_logits, binarize, via_image):
         trk = self.trk
-        direct = F.interpolate(mask_logits, size=self.memory_mask_size, mode="bilinear", align_corners=False)
-        image_res = F.interpolate(mask_logits, size=(self.image_size, self.image_size), mode="bilinear",
-                                  align_corners=False)
-        # the reference resizes image-size masks with antialias=True: plain bilinear when upsampling
-        through_image = resize_antialiased(image_res, self.memory_mask_size)
-        hard = (through_image > 0).to(mask_logits.dtype)
-        soft = torch.sigmoid(torch.where(via_image[:, None, None, None] > 0.5, through_image, direct))
-        mask_for_mem = torch.where(binarize[:, None, None, None] > 0.5, hard, soft)
+        mask_for_mem = self.mask_for_memory(mask_logits, binarize, via_image)
         mask_for_mem = mask_for_mem * trk.config.sigmoid_scale_for_mem_enc + trk.config.sigmoid_bias_for_mem_enc
         # Sam3TrackerVideoMemoryEncoder.forward, except that the frame's feature projection, the same for
         # every object, runs once and is tiled, not run on a copy per object. Tiled, not broadcast: OpenVINO's
@@ -393,6 +386,21 @@ class MemoryEncoder(nn.Module):
             features = features + absent * trk.occlusion_spatial_embedding_parameter[..., None, None]
         features = round_to_bfloat16(features)
         return features.flatten(2).transpose(1, 2)
+
+    def mask_for_memory(self, mask_logits, binarize, via_image):
+        """[N, 1, L, L] logits -> [N, 1, M, M] masks, by the rules above. The objects are resized as the
+        channels of one image ([1, N, ...]), the same arithmetic plane by plane: OpenVINO's CPU resize and
+        element-wise kernels vectorise over channels, and with one channel per object this part of the call
+        took 5x longer (openvino 2026.4.1; docs/speed.md, "The memory encoder's masks as channels")."""
+        planes = mask_logits.squeeze(1).unsqueeze(0)
+        direct = F.interpolate(planes, size=self.memory_mask_size, mode="bilinear", align_corners=False)
+        image_res = F.interpolate(planes, size=(self.image_size, self.image_size), mode="bilinear",
+                                  align_corners=False)
+        # the reference resizes image-size masks with antialias=True: plain bilinear when upsampling
+        through_image = resize_antialiased(image_res, self.memory_mask_size)
+        hard = (through_image > 0).to(mask_logits.dtype)
+        soft = torch.sigmoid(torch.where(via_image[None, :, None, None] > 0.5, through_image, direct))
+        return torch.where(binarize[None, :, None, None] > 0.5, hard, soft).squeeze(0).unsqueeze(1)
 
 
 # ---------------------------------------------------------------------------------------- mask init
