@@ -1,5 +1,6 @@
 """Torch pieces every family's graphs share: memory attention in its export forms (ATTENTION_MODES),
-torch's antialiased resize in exportable form, and bf16 rounding written as float32 arithmetic."""
+torch's antialiased resize in exportable form, per-object masks as channels for resizing, and bf16
+rounding written as float32 arithmetic."""
 
 from __future__ import annotations
 
@@ -34,6 +35,21 @@ def resize_antialiased(x: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
     if size[0] >= in_h and size[1] >= in_w:
         return F.interpolate(x, size=size, mode="bilinear", align_corners=False)
     return _resize_matrix(in_h, size[0]) @ x @ _resize_matrix(in_w, size[1]).t()
+
+
+def objects_as_channels(masks: torch.Tensor) -> torch.Tensor:
+    """[N, 1, H, W] -> [1, N, H, W], a view: N one-channel images become one image of N channels.
+
+    Resizes and element-wise work on per-object masks go through this form. Plane by plane the arithmetic
+    is the same (ONNX Runtime's outputs are bit for bit those of the [N, 1] form), but OpenVINO's CPU resize
+    and element-wise kernels vectorise over channels: with one channel per object they ran several times
+    slower (openvino 2026.4.1; docs/speed.md, "masks as channels")."""
+    return masks.squeeze(1).unsqueeze(0)
+
+
+def channels_as_objects(planes: torch.Tensor) -> torch.Tensor:
+    """[1, N, H, W] -> [N, 1, H, W]: the inverse of objects_as_channels."""
+    return planes.squeeze(0).unsqueeze(1)
 
 
 def _key_padding_bias(valid: torch.Tensor) -> torch.Tensor:

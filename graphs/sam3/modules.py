@@ -13,7 +13,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..ops import NO_OBJ_SCORE, attention, resize_antialiased, round_to_bfloat16
+from ..ops import (NO_OBJ_SCORE, attention, channels_as_objects, objects_as_channels, resize_antialiased,
+                   round_to_bfloat16)
 
 
 def sam_decode(trk, pix_feat, high_res, points, labels, multimask: bool, mask_prompt=None):
@@ -388,11 +389,9 @@ class MemoryEncoder(nn.Module):
         return features.flatten(2).transpose(1, 2)
 
     def mask_for_memory(self, mask_logits, binarize, via_image):
-        """[N, 1, L, L] logits -> [N, 1, M, M] masks, by the rules above. The objects are resized as the
-        channels of one image ([1, N, ...]), the same arithmetic plane by plane: OpenVINO's CPU resize and
-        element-wise kernels vectorise over channels, and with one channel per object this part of the call
-        took 5x longer (openvino 2026.4.1; docs/speed.md, "The memory encoder's masks as channels")."""
-        planes = mask_logits.squeeze(1).unsqueeze(0)
+        """[N, 1, L, L] logits -> [N, 1, M, M] masks, by the rules above, the objects as the channels of one
+        image (ops.objects_as_channels: on OpenVINO this part of the call took 5x longer without)."""
+        planes = objects_as_channels(mask_logits)
         direct = F.interpolate(planes, size=self.memory_mask_size, mode="bilinear", align_corners=False)
         image_res = F.interpolate(planes, size=(self.image_size, self.image_size), mode="bilinear",
                                   align_corners=False)
@@ -400,7 +399,7 @@ class MemoryEncoder(nn.Module):
         through_image = resize_antialiased(image_res, self.memory_mask_size)
         hard = (through_image > 0).to(mask_logits.dtype)
         soft = torch.sigmoid(torch.where(via_image[None, :, None, None] > 0.5, through_image, direct))
-        return torch.where(binarize[None, :, None, None] > 0.5, hard, soft).squeeze(0).unsqueeze(1)
+        return channels_as_objects(torch.where(binarize[None, :, None, None] > 0.5, hard, soft))
 
 
 # ---------------------------------------------------------------------------------------- mask init
@@ -421,9 +420,10 @@ class MaskInit(nn.Module):
 
     def forward(self, tracker_feat, masks):
         trk, n = self.trk, masks.shape[0]
-        image_res = resize_antialiased(masks, (self.image_size, self.image_size))
-        low_res = resize_antialiased(image_res * 20.0 - 10.0, self.mask_size)
-        mask_prompt = trk.mask_downsample(image_res)
+        # the objects as channels (ops.objects_as_channels) through both resizes
+        image_planes = resize_antialiased(objects_as_channels(masks), (self.image_size, self.image_size))
+        low_res = channels_as_objects(resize_antialiased(image_planes * 20.0 - 10.0, self.mask_size))
+        mask_prompt = trk.mask_downsample(channels_as_objects(image_planes))
         if tuple(mask_prompt.shape[-2:]) != self.mask_size:
             mask_prompt = resize_antialiased(mask_prompt, self.mask_size)
         # The pointer comes from the decoder's tokens, which never see the high-resolution levels; zeros
