@@ -38,18 +38,21 @@ def resize_antialiased(x: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
 
 
 def objects_as_channels(masks: torch.Tensor) -> torch.Tensor:
-    """[N, 1, H, W] -> [1, N, H, W], a view: N one-channel images become one image of N channels.
+    """[N, 1, H, W] -> [1, N, H, W]: N one-channel images become one image of N channels (N >= 1).
 
     Resizes and element-wise work on per-object masks go through this form. Plane by plane the arithmetic
     is the same (ONNX Runtime's outputs are bit for bit those of the [N, 1] form), but OpenVINO's CPU resize
-    and element-wise kernels vectorise over channels: with one channel per object they ran several times
-    slower (openvino 2026.4.1; docs/speed.md, "masks as channels")."""
-    return masks.squeeze(1).unsqueeze(0)
+    and element-wise kernels vectorise over channels (docs/speed.md, "Masks as channels"). A Reshape, not a
+    Squeeze: the exporter cannot prove a dimension is 1 after a Resize and would emit an If node for a
+    Squeeze, which ATC may refuse."""
+    if masks.shape[1] != 1:
+        raise ValueError(f"objects_as_channels takes [N, 1, H, W] masks, got {tuple(masks.shape)}")
+    return masks.reshape(1, -1, *masks.shape[-2:])
 
 
 def channels_as_objects(planes: torch.Tensor) -> torch.Tensor:
     """[1, N, H, W] -> [N, 1, H, W]: the inverse of objects_as_channels."""
-    return planes.squeeze(0).unsqueeze(1)
+    return planes.reshape(-1, 1, *planes.shape[-2:])
 
 
 def _key_padding_bias(valid: torch.Tensor) -> torch.Tensor:

@@ -147,6 +147,8 @@ def test_plans_recorded_in_the_om_manifest(converted, tiny_plain_bundle):
     # the plain export rewrote the mask product's Einsum and folded the backbone's shape-only Ifs
     assert om["graphs"]["grounding_head"]["risky_ops"] == {} and om["graphs"]["backbone"]["risky_ops"] == {}
     assert om["graphs"]["interactive_decoder"]["risky_ops"] == {"ScatterND": 4}
+    # the objects' masks change layout by Reshapes, never by an If (graphs.ops.objects_as_channels)
+    assert om["graphs"]["memory_encoder"]["risky_ops"] == {} and "If" not in om["graphs"]["mask_init"]["risky_ops"]
     assert om["source_bundle"]["manifest_sha256"] and dec["source"]["file"] == "propagation_decoder.onnx"
 
 
