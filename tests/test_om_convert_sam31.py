@@ -79,6 +79,8 @@ def test_every_graph_compiles_with_its_mode_and_the_family_is_recorded(bundles):
         header, model_bytes = read_fake_om(out / g["om_file"])
         assert header["mode"] == g["mode"] and model_bytes == (out / g["onnx"]["file"]).read_bytes()
     assert Bundle(out, _manifest(out)).graph_path("mask_init") == out / "onnx" / "mask_init.onnx"
+    # births' masks change layout by Reshapes, never by an If (graphs.ops.objects_as_channels)
+    assert "If" not in om["graphs"]["mask_init"]["risky_ops"]
 
 
 def test_the_tracker_graphs_gear_over_buckets_with_the_pools_at_capacity(bundles):

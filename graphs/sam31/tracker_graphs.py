@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..ops import NO_OBJ_SCORE, resize_antialiased, round_to_bfloat16
+from ..ops import NO_OBJ_SCORE, channels_as_objects, objects_as_channels, resize_antialiased, round_to_bfloat16
 from .tracker_model import Sam31Tracker
 from .tracker_parts import (MASK_INPUT_BIAS, MASK_INPUT_SCALE, SIGMOID_BIAS_FOR_MEM_ENC, SIGMOID_SCALE_FOR_MEM_ENC,
                             STABILITY_THRESH, sine_1d, stability_scores, take_best)
@@ -172,8 +172,13 @@ class MaskInit(TrackerGraph):
         trk = self.trk
         n = mask_logits.shape[0]
         size = 16 * trk.grid  # input_mask_size
-        mask = (F.interpolate(mask_logits, size=(size, size), mode="bilinear", align_corners=False) > 0).float()
-        low_res = resize_antialiased(mask * MASK_INPUT_SCALE + MASK_INPUT_BIAS, (4 * trk.grid, 4 * trk.grid))
+        # the objects as channels through both resizes: OpenVINO vectorises its resize over channels
+        planes = F.interpolate(objects_as_channels(mask_logits), size=(size, size), mode="bilinear",
+                               align_corners=False) > 0
+        planes = planes.float()
+        low_res = channels_as_objects(resize_antialiased(planes * MASK_INPUT_SCALE + MASK_INPUT_BIAS,
+                                                         (4 * trk.grid, 4 * trk.grid)))
+        mask = channels_as_objects(planes)
         prompt = trk.interactive_mask_downsample(mask)
         points = torch.zeros(n, 1, 2, dtype=mask.dtype)
         labels = -torch.ones(n, 1, dtype=torch.int32)
