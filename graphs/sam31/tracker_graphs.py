@@ -174,8 +174,8 @@ class MaskInit(TrackerGraph):
         size = 16 * trk.grid  # input_mask_size
         # the objects as channels through both resizes: OpenVINO vectorises its resize over channels
         planes = F.interpolate(objects_as_channels(mask_logits), size=(size, size), mode="bilinear",
-                               align_corners=False) > 0
-        planes = planes.float()
+                               align_corners=False)
+        planes = (planes > 0).float()
         low_res = channels_as_objects(resize_antialiased(planes * MASK_INPUT_SCALE + MASK_INPUT_BIAS,
                                                          (4 * trk.grid, 4 * trk.grid)))
         mask = channels_as_objects(planes)
