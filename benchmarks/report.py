@@ -292,6 +292,7 @@ STYLES = {  # side -> (label, colour, marker) in the time plot
     "ort-fp32": ("sam3track ort-fp32", "#c44e52", "o"),
     "openvino-fp32": ("sam3track openvino-fp32", "#4c72b0", "^"),
     "openvino-bf16": ("sam3track openvino-bf16", "#55a868", "v"),
+    "openvino-bf16-rows": ("sam3track openvino-bf16-rows", "#937860", "P"),
     "ort-int8": ("sam3track ort-int8", "#dd8452", "D"),
     "openvino-fp32-static": ("sam3track openvino-fp32-static", "#8172b3", "<"),
     "openvino-bf16-static": ("sam3track openvino-bf16-static", "#2ca02c", ">"),

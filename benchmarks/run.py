@@ -36,6 +36,8 @@ VARIANTS = {
     "ort-fp32": {"bundle": "fp32", "backend": "onnxruntime"},
     "openvino-fp32": {"bundle": "fp32", "backend": "openvino", "precision": "fp32"},
     "openvino-bf16": {"bundle": "fp32", "backend": "openvino", "precision": "bf16"},
+    # each graph compiled again for the object count its calls settle on (sam3track/backends/openvino_rows.py)
+    "openvino-bf16-rows": {"bundle": "fp32", "backend": "openvino", "precision": "bf16", "shapes": "rows"},
     # static shapes: each graph compiled again per distinct call shape (in the warm-up run), faster calls
     "openvino-fp32-static": {"bundle": "fp32", "backend": "openvino", "precision": "fp32", "shapes": "static"},
     "openvino-bf16-static": {"bundle": "fp32", "backend": "openvino", "precision": "bf16", "shapes": "static"},

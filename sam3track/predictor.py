@@ -59,9 +59,11 @@ class Predictor:
         precision (openvino only): "fp32" (default) or "bf16" on CPUs with bf16 support (AMX,
         AVX512-BF16): faster, with results that may differ from fp32 (other objects on some frames);
         any other backend runs each graph at the precision the bundle stores it in.
-        shapes (openvino only): "dynamic" (default: each graph compiled once) or "static" (compiled
-        again for each new set of call shapes, about 2 s a graph at mid size, then up to 40% faster
-        per call): for long videos and streams.
+        shapes (openvino only): "dynamic" (default: each graph compiled once), "rows" (a graph
+        compiled again, about a second at mid size, once its calls settle on one count of objects, then
+        faster: mid, 16 objects, bf16, 18% less time a frame; docs/speed.md "Rows fixed") or "static"
+        (compiled again for each new set of call shapes, about 2 s a graph at mid size, then up to 40%
+        faster per call): for long videos and streams.
         weights (onnxruntime and openvino, on the CPU): "fp32" (default) or "fp16": each graph's large
         weights kept in fp16 and converted where used (ONNX Runtime computes in fp32: at full size about
         1.6 GB less after load and a lower peak, frames about 20% slower; OpenVINO at either precision:

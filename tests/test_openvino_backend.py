@@ -22,6 +22,7 @@ from onnx import TensorProto, helper
 import sam3track
 from sam3track.backends import create_backend
 from sam3track.backends import openvino as ov_backend
+from sam3track.backends import openvino_rows as ov_rows
 from sam3track.errors import BackendError, BundleError, CapacityError, Sam3TrackError
 from sam3track.video import open_video
 
@@ -188,10 +189,63 @@ def test_static_shapes_compile_once_per_shape_and_give_the_same_results(tmp_path
     assert not graph.static
     with pytest.raises(BackendError, match="closed"):
         b.run(graph, {"x": _rand(3, 4), "bias": bias})
-    with pytest.raises(Sam3TrackError, match="unknown shapes 'fixed' for openvino; use one of dynamic, static"):
+    with pytest.raises(Sam3TrackError, match="unknown shapes 'fixed' for openvino; use one of dynamic, rows, static"):
         create_backend("openvino", "cpu", shapes="fixed")
     with pytest.raises(Sam3TrackError, match="shapes= is an openvino option"):
         create_backend("onnxruntime", "cpu", shapes="static")
+
+
+def points_graph(tmp_path):
+    """x [N, P] -> total = sum over P [N, 1]: a row axis (objects) and an inner one that moves (points)."""
+    axes = helper.make_tensor("axes", TensorProto.INT64, [1], [1])
+    return _save(tmp_path / "points.onnx", [helper.make_node("ReduceSum", ["x", "axes"], ["total"], keepdims=1)],
+                 [helper.make_tensor_value_info("x", F32, ["objects", "points"])],
+                 [helper.make_tensor_value_info("total", F32, ["objects", 1])], [axes])
+
+
+def test_rows_shapes_compile_a_graph_again_once_its_row_counts_settle(tmp_path, caplog):
+    """shapes="rows": calls whose row counts move run on the one dynamic model; a count seen on
+    ROWS_SETTLED calls in a row is compiled with the leading axes fixed and every other axis still
+    dynamic, and runs there from then on; one such model is kept per graph; one row never is."""
+    b = create_backend("openvino", "cpu", shapes="rows")
+    assert (ov_rows.ROWS_SETTLED, ov_rows.ROWS_MIN, ov_rows.MAX_ROW_MODELS) == (2, 2, 1)
+    graph = b.load("points", points_graph(tmp_path))
+
+    def run(n, p, into=None):
+        x = _rand(n, p, seed=10 * n + p)
+        out = b.run(graph, {"x": x}, {"total": into} if into is not None else None)
+        np.testing.assert_allclose(b.to_host(out["total"])[:, 0], x.sum(1), rtol=1e-5)
+
+    for n in (3, 1, 1, 5):
+        run(n, 4)
+    assert b.row_compiles["points"] == 0 and not graph.rows.models  # one row twice, no other count twice
+    run(5, 4)
+    assert b.row_compiles["points"] == 1 and list(graph.rows.models) == [(5,)]
+    compiled = graph.rows.models[(5,)][1]
+    assert str(compiled.inputs[0].get_partial_shape()) == "[5,?]"  # the rows fixed, the points not
+    run(5, 7)  # another number of points: the same model, no compile
+    pool = b.zeros((8, 1), np.float32)
+    run(5, 2, into=b.rows(pool, 2, 5))  # outputs straight into a pool view, as with dynamic shapes
+    run(2, 3)  # one call at 2 rows: the dynamic model
+    assert b.row_compiles["points"] == 1
+    run(2, 3)
+    assert b.row_compiles["points"] == 2 and list(graph.rows.models) == [(2,)]  # 5's model dropped
+    # a graph that fails to compile with its rows fixed runs on with dynamic shapes, and says so once
+    graph.rows.models.clear()
+    graph.rows.compile_rows = lambda rows: (_ for _ in ()).throw(RuntimeError("no such kernel"))
+    with caplog.at_level("WARNING", logger="sam3track"):
+        for _ in range(3):
+            run(4, 3)
+    assert "graph points did not compile with its rows fixed at (4,) (no such kernel)" in caplog.text
+    assert graph.rows.leading == () and caplog.text.count("did not compile") == 1
+    b.close()
+    assert graph.rows.leading == () and not graph.rows.models
+    plain = create_backend("openvino", "cpu")  # the default, "dynamic": one compile per graph, never again
+    graph = plain.load("points", points_graph(tmp_path))
+    for _ in range(3):
+        plain.run(graph, {"x": _rand(3, 4)})
+    assert graph.rows is None and not plain.row_compiles
+    plain.close()
 
 
 def test_static_gears_pad_calls_and_never_refuse_a_size(tmp_path):
@@ -691,6 +745,28 @@ def test_static_shapes_track_the_clip_as_onnxruntime(mode, tiny_bundle, bikes_fr
         (objects, memories), (_, pointers) = inputs["memory_index"], inputs["pointer_index"]
         assert objects in gears["objects"] and memories in gears["memories"] and pointers in gears["pointers"]
     predictor.close()
+    for a, b in zip(ort_run, ov_run):
+        assert b.object_ids.tolist() == a.object_ids.tolist(), f"frame {a.frame_index}"
+        np.testing.assert_allclose(b.scores, a.scores, atol=1e-3)
+    same, ious = _compare(ort_run, ov_run)
+    assert same == len(ort_run) == len(ov_run) and ious
+    assert min(ious) >= 0.999, (np.mean(ious), min(ious))
+
+
+@pytest.mark.slow
+def test_rows_shapes_track_the_clip_as_onnxruntime(tiny_bundle, bikes_frames):
+    """shapes="rows" on the bikes clip: the ids and scores of ONNX Runtime on every frame, masks at
+    IoU >= 0.999, with the graphs whose row counts settled run on models compiled for them."""
+    from .test_parity import sam3track_run
+
+    ort_run = _both_backends("bikes-forward", tiny_bundle, bikes_frames)[0]
+    predictor, _, ov_run = sam3track_run(tiny_bundle, bikes_frames, ["person", "bike"], {"shapes": "rows"},
+                                         "forward", backend="openvino")
+    compiled = dict(predictor.backend.row_compiles)
+    settled = {name: g.rows.last for name, g in predictor.graphs.items() if g.rows is not None and g.rows.models}
+    predictor.close()
+    # here the two prompts' grounding head settles (the objects' count moves or stays at one)
+    assert compiled and set(compiled) == set(settled) and min(min(rows) for rows in settled.values()) >= 2
     for a, b in zip(ort_run, ov_run):
         assert b.object_ids.tolist() == a.object_ids.tolist(), f"frame {a.frame_index}"
         np.testing.assert_allclose(b.scores, a.scores, atol=1e-3)

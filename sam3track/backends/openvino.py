@@ -1,8 +1,9 @@
 """OpenVINO backend (CPU): the bundle's .onnx graphs compiled by OpenVINO, tensors kept in OpenVINO memory.
 
 One compiled model and infer request per graph; outputs named in `outputs=` are written straight into the
-caller's views, every other output into a fresh tensor. Options: shapes="dynamic" (default) or "static"
-(compiled again per new call shape, faster calls), precision="fp32" (default, always set) or "bf16" (CPUs
+caller's views, every other output into a fresh tensor. Options: shapes="dynamic" (default: one compile per
+graph), "rows" (dynamic, and a graph whose row counts settle compiled again with them fixed, faster calls:
+openvino_rows.py) or "static" (compiled again per new call shape, faster calls), precision="fp32" (default, always set) or "bf16" (CPUs
 that list BF16), weights="fp32" (default) or "fp16" (kept in fp16: store_weights_in_fp16), cache_dir=
 (OpenVINO's compiled-model cache; by default the compile cache's folder of the bundle, compile_cache.py).
 Graphs the load defers are read at load and compiled at their first run; a released graph (a large text
@@ -16,7 +17,7 @@ import os
 import threading
 import time
 import weakref
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from pathlib import Path
 
 import numpy as np
@@ -26,10 +27,11 @@ from .. import load_notice
 from ..errors import BackendError, BundleError, Sam3TrackError
 from .base import Backend, DeviceTensor, Graph, check_gears, graph_gears
 from .compile_cache import STATS as CACHE_STATS
+from .openvino_rows import RowModels
 
 _VERSION = ov.__version__.split("-")[0]  # "2026.4.1" of "2026.4.1-22982-...-releases/2026/4"
 PRECISIONS = ("fp32", "bf16")
-SHAPES = ("dynamic", "static")
+SHAPES = ("dynamic", "rows", "static")
 WEIGHTS = ("fp32", "fp16")
 _HINTS = {"fp32": "f32", "bf16": "bf16"}
 
@@ -49,7 +51,7 @@ MAX_STATIC_SHAPES_UNCACHED = 6
 
 class OvGraph(Graph):
     def __init__(self, name: str, model, compiled, gears: dict[str, tuple[int, ...]], compile_for=None,
-                 deferred=None, reader=None, keep_static: int = MAX_STATIC_SHAPES):
+                 deferred=None, reader=None, keep_static: int = MAX_STATIC_SHAPES, compile_rows=None):
         """model: the graph as read (its ports carry the ONNX names; compiling can merge other tensor
         names into them), kept only while a deferred compile still needs it; compiled:
         the same graph compiled with its dynamic axes, ports in the same order, or None with
@@ -58,7 +60,8 @@ class OvGraph(Graph):
         it at its first run. reader: reads the model again (static shapes; a released graph), so the read
         model is not kept; a released graph (compile_cache.released) has its compiled model dropped once
         another graph runs (OpenVinoBackend._free_released), so its next run reads and compiles it again
-        (from OpenVINO's cache). keep_static: the compiled shapes kept (static shapes)."""
+        (from OpenVINO's cache). keep_static: the compiled shapes kept (static shapes). compile_rows:
+        shapes="rows": compiles the graph with the leading sizes {input index: rows} fixed (RowModels)."""
         self.name = name
         self.model = model
         self.compiled = compiled
@@ -76,6 +79,9 @@ class OvGraph(Graph):
                        for n, p in zip(self.input_names + self.output_names, ports)}
         self.sizes = dict(gears)
         self.output_types = [p.get_element_type() for p in model.outputs]
+        leading = tuple(i for i, n in enumerate(self.input_names) if self.shapes[n] and self.shapes[n][0] is None)
+        self.rows = RowModels(name, leading, compile_rows) if compile_rows is not None else None
+        self.dynamic_holds = False  # the dynamic model ran last and holds buffers at that call's shapes
         self.reader, self.compiler = reader, deferred
         if compiled is not None or reader is not None:  # the read model holds the weights as read: not kept
             self.model = None
@@ -93,7 +99,14 @@ class OvGraph(Graph):
             self.request = self.compiled.create_infer_request()
             self.model = None
         if self.compile_for is None:
-            return self.request, self.compiled
+            entry = self.rows.request_for(shapes) if self.rows is not None else None
+            if entry is None:
+                self.dynamic_holds = True
+                return self.request, self.compiled
+            if self.dynamic_holds:  # the settled rows run elsewhere now: its buffers go back
+                self.compiled.release_memory()
+                self.dynamic_holds = False
+            return entry
         entry = self.static.get(shapes)
         if entry is None:
             compiled = self.compile_for(self.reader(), shapes)
@@ -125,6 +138,8 @@ class OvGraph(Graph):
         # OpenVINO frees them with their last reference
         self.request = self.compiled = self.deferred = self.compiler = self.reader = None
         self.static.clear()
+        if self.rows is not None:
+            self.rows.clear()
         self.closed = True
 
 
@@ -150,7 +165,8 @@ class OpenVinoBackend(Backend):
         core). precision: "fp32" (default) or "bf16" (CPUs whose OPTIMIZATION_CAPABILITIES list BF16:
         AMX, AVX512-BF16). cache_dir: a folder for OpenVINO's compiled-model cache, one subfolder per
         precision, weights and thread count (None: no cache).
-        shapes: "dynamic" (default: one compile per graph) or "static" (one compile per graph and
+        shapes: "dynamic" (default: one compile per graph), "rows" (dynamic, and each graph compiled again
+        for the row counts its calls settle on: openvino_rows.py) or "static" (one compile per graph and
         distinct input shapes, faster runs; see the module docstring). compile_cache: the load's
         compile_cache.CompileCache: its folder of the bundle is the CACHE_DIR when cache_dir is unset,
         and its deferred graphs are compiled at their first run. weights: "fp32" (default: as the bundle
@@ -200,6 +216,7 @@ class OpenVinoBackend(Backend):
         if cache_dir is None or shapes == "static":  # nothing to compile it again from quickly: kept
             self._released = frozenset()
         self.compile_seconds: dict[str, float] = {}  # graph name -> read + compile time
+        self.row_compiles: Counter[str] = Counter()  # graph name -> compiles with its rows fixed (shapes="rows")
         self._graphs: list[OvGraph] = []
         self._storages: weakref.WeakSet[_Storage] = weakref.WeakSet()  # every allocation not yet collected
         self.closed = False
@@ -236,10 +253,24 @@ class OpenVinoBackend(Backend):
         elif name in self._deferred:  # read (and so checked) now, compiled at its first run
             graph = OvGraph(name, model, None, gears, deferred=lambda model: self._compile(name, path, model, ""))
         else:
-            graph = OvGraph(name, model, self._compile(name, path, model, ""), gears)
+            rows = self._rows_compiler(name, path) if self.shapes == "rows" else None
+            graph = OvGraph(name, model, self._compile(name, path, model, ""), gears, compile_rows=rows)
         self.compile_seconds[name] = time.perf_counter() - started
         self._graphs.append(graph)
         return graph
+
+    def _rows_compiler(self, name: str, path: str):
+        """shapes="rows": compile graph `name` again with the leading sizes {input index: rows} fixed."""
+        def compile_rows(rows: dict[int, int]):
+            started = time.perf_counter()
+            model = self._read(name, path)
+            model.reshape({model.inputs[i]: ov.PartialShape([ov.Dimension(n)] + list(model.inputs[i].get_partial_shape())[1:])
+                           for i, n in rows.items()})
+            compiled = self._compile(name, path, model, f" with its rows fixed at {sorted(set(rows.values()))}")
+            self.compile_seconds[name] = self.compile_seconds.get(name, 0.0) + time.perf_counter() - started
+            self.row_compiles[name] += 1
+            return compiled
+        return compile_rows
 
     def plan(self, graph: Graph, axis: str, n: int) -> int:
         """As Backend.plan, but n past the largest gear runs at n on an axis an OM bundle does not fix:

@@ -160,9 +160,11 @@ def _add_backend_options(track: argparse.ArgumentParser) -> None:
     track.add_argument("--precision", default=None, metavar="fp32|bf16",
                        help="openvino only: fp32 (default), or bf16 on CPUs with bf16 support (AMX, "
                             "AVX512-BF16): faster, results may differ from fp32")
-    track.add_argument("--shapes", default=None, choices=("dynamic", "static"),
-                       help="openvino only: dynamic (default: each graph compiled once), or static (compiled "
-                            "again for each new call shape, seconds each, then faster: long videos)")
+    track.add_argument("--shapes", default=None, choices=("dynamic", "rows", "static"),
+                       help="openvino only: dynamic (default: each graph compiled once), rows (a graph "
+                            "compiled again once its calls settle on one object count, about a second, then "
+                            "faster: many objects), or static (compiled again for each new call shape, seconds "
+                            "each, then faster: long videos)")
     track.add_argument("--weights", default=None, choices=("fp32", "fp16"),
                        help="onnxruntime or openvino, on the CPU: fp32 (default), or fp16: weights kept in "
                             "fp16, about half their memory (full size, onnxruntime: 2.4 instead of 3.5 GB at "
