@@ -60,8 +60,8 @@ class Predictor:
         AVX512-BF16): faster, with results that may differ from fp32 (other objects on some frames);
         any other backend runs each graph at the precision the bundle stores it in.
         shapes (openvino only): "dynamic" (default: each graph compiled once), "rows" (a graph
-        compiled again, about a second at mid size, once its calls settle on one count of objects, then
-        faster: mid, 16 objects, bf16, 18% less time a frame; docs/speed.md "Rows fixed") or "static"
+        compiled again, a second or two at mid size, once its calls settle on one count of objects, then
+        faster: mid, 16 objects, bf16, 21% less time a frame; docs/speed.md "Rows fixed") or "static"
         (compiled again for each new set of call shapes, about 2 s a graph at mid size, then up to 40%
         faster per call): for long videos and streams.
         weights (onnxruntime and openvino, on the CPU): "fp32" (default) or "fp16": each graph's large
@@ -78,7 +78,7 @@ class Predictor:
         object count; SAM 3.1 runs each call at its own shapes).
         compile_cache: None (default: on, unless SAM3TRACK_COMPILE_CACHE=0), True, False, or a folder:
         where optimised graphs and checked sha256s are kept between loads (docs/speed.md, "Load time").
-        release_text_encoder (ONNX Runtime, or OpenVINO with dynamic shapes; compile cache on): free the
+        release_text_encoder (ONNX Runtime, or OpenVINO with dynamic or rows shapes; compile cache on): free the
         text encoder after each prompt and open it again from the cache at the next (about 0.8 s at full
         size): None (default) when its
         weights are 512 MiB or more (the full-size model's 1.2 GB then stay out of every frame's peak),

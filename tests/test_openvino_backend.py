@@ -230,6 +230,9 @@ def test_rows_shapes_compile_a_graph_again_once_its_row_counts_settle(tmp_path, 
     assert b.row_compiles["points"] == 1
     run(2, 3)
     assert b.row_compiles["points"] == 2 and list(graph.rows.models) == [(2,)]  # 5's model dropped
+    for n in (5, 2, 5, 2, 5, 2):  # a count between settled calls never settles: no compile, no thrash
+        run(n, 3)
+    assert b.row_compiles["points"] == 2 and list(graph.rows.models) == [(2,)]
     # a graph that fails to compile with its rows fixed runs on with dynamic shapes, and says so once
     graph.rows.models.clear()
     graph.rows.compile_rows = lambda rows: (_ for _ in ()).throw(RuntimeError("no such kernel"))
@@ -763,10 +766,11 @@ def test_rows_shapes_track_the_clip_as_onnxruntime(tiny_bundle, bikes_frames):
     predictor, _, ov_run = sam3track_run(tiny_bundle, bikes_frames, ["person", "bike"], {"shapes": "rows"},
                                          "forward", backend="openvino")
     compiled = dict(predictor.backend.row_compiles)
-    settled = {name: g.rows.last for name, g in predictor.graphs.items() if g.rows is not None and g.rows.models}
+    kept = {name: list(g.rows.models) for name, g in predictor.graphs.items() if g.rows is not None and g.rows.models}
     predictor.close()
-    # here the two prompts' grounding head settles (the objects' count moves or stays at one)
-    assert compiled and set(compiled) == set(settled) and min(min(rows) for rows in settled.values()) >= 2
+    # here the two prompts' grounding head settles (the objects' count moves or stays at one), so the
+    # detections come from a fixed-rows model from the third frame on
+    assert compiled.get("grounding_head") == 1 and kept["grounding_head"] == [(2, 2)], (compiled, kept)
     for a, b in zip(ort_run, ov_run):
         assert b.object_ids.tolist() == a.object_ids.tolist(), f"frame {a.frame_index}"
         np.testing.assert_allclose(b.scores, a.scores, atol=1e-3)

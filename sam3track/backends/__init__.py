@@ -24,7 +24,7 @@ def create_backend(name: str, device: str = "cpu", **options) -> Backend:
                              "at the precision the bundle stores it in (graphs.export --int8 quantises graphs): "
                              "leave precision unset or use backend='openvino'")
     if name not in ("openvino", "ov") and options.get("shapes") is not None:
-        raise Sam3TrackError(f"shapes= is an openvino option (dynamic or static); the {name} backend runs every "
+        raise Sam3TrackError(f"shapes= is an openvino option (dynamic, rows or static); the {name} backend runs every "
                              "call at its own size (onnxruntime) or at the bundle's compiled gears (acl): leave "
                              "shapes unset or use backend='openvino'")
     stores_weights = ("onnxruntime", "ort", "openvino", "ov")

@@ -251,16 +251,21 @@ class OpenVinoBackend(Backend):
             graph = OvGraph(name, model, None, gears, deferred=lambda model: self._compile(name, path, model, ""),
                             reader=(lambda: path) if direct else (lambda: self._read(name, path)))
         elif name in self._deferred:  # read (and so checked) now, compiled at its first run
-            graph = OvGraph(name, model, None, gears, deferred=lambda model: self._compile(name, path, model, ""))
+            graph = OvGraph(name, model, None, gears, deferred=lambda model: self._compile(name, path, model, ""),
+                            compile_rows=self._rows_compiler(name, path))
         else:
-            rows = self._rows_compiler(name, path) if self.shapes == "rows" else None
-            graph = OvGraph(name, model, self._compile(name, path, model, ""), gears, compile_rows=rows)
+            graph = OvGraph(name, model, self._compile(name, path, model, ""), gears,
+                            compile_rows=self._rows_compiler(name, path))
         self.compile_seconds[name] = time.perf_counter() - started
         self._graphs.append(graph)
         return graph
 
     def _rows_compiler(self, name: str, path: str):
-        """shapes="rows": compile graph `name` again with the leading sizes {input index: rows} fixed."""
+        """shapes="rows": what compiles graph `name` again with the leading sizes {input index: rows}
+        fixed (None with other shapes; a released graph gets none: it is dropped after each use)."""
+        if self.shapes != "rows":
+            return None
+
         def compile_rows(rows: dict[int, int]):
             started = time.perf_counter()
             model = self._read(name, path)

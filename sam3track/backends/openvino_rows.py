@@ -3,12 +3,14 @@ with those counts fixed, every other axis still dynamic.
 
 The rows are the leading axis of each input (objects, buckets, prompts, images, the pools' rows: every
 graph of both families puts them first). With them fixed, OpenVINO's CPU plugin plans and fuses a graph
-as for static shapes (mid, OpenVINO bf16, 16 objects, Zen 4: the propagation decoder takes 27% less
-time a frame, the memory encoder 11%), while the axes that move from frame to frame (memories and
-pointers per object, points) stay dynamic, so no memory depth costs a compile as with shapes="static".
-Only counts seen on ROWS_SETTLED calls in a row are compiled (from OpenVINO's cache where seen before),
-never a graph called with fewer than ROWS_MIN rows, and one such model is kept per graph (each holds its
-own buffers). docs/speed.md, "Rows fixed".
+as for static shapes (mid, OpenVINO bf16, 16 objects, Zen 4: the propagation decoder took 27% less time
+a frame, the memory encoder 25%), while the axes that move from frame to frame (memories and pointers
+per object, points) stay dynamic, so no memory depth costs a compile as with shapes="static". The pools'
+rows are fixed too: a SAM 3 pool never changes size, a SAM 3.1 pool doubles as it grows (one compile
+each time). Only counts seen on ROWS_SETTLED calls in a row are compiled (from OpenVINO's cache where
+seen before), never at fewer than ROWS_MIN rows (SAM 3.1's tracker graphs take 16 objects a row, a
+bucket: fixed from two), and one such model is kept per graph (each holds its own buffers and its own
+copy of the weights). docs/speed.md, "Rows fixed".
 """
 
 from __future__ import annotations
@@ -19,8 +21,8 @@ from typing import Callable
 log = logging.getLogger("sam3track")
 
 ROWS_SETTLED = 2  # calls in a row at the same row counts before a model is compiled for them
-# One row (the backbone's image, one prompt) pays too little: the mid backbone took 3% less time and its
-# compile held 540 MB more
+# One row is left dynamic: the mid backbone (one image a call) took 3% less time fixed and held 540 MB
+# more. The grounding head at one prompt took 14% less; its memory was not measured
 ROWS_MIN = 2
 MAX_ROW_MODELS = 1  # per graph: the mid decoder's at 16 objects holds about 1.8 GB of buffers
 
@@ -42,19 +44,23 @@ class RowModels:
         if not self.leading:
             return None
         key = tuple(shapes[i][0] for i in self.leading)
-        if key in self.models:
+        if key in self.models:  # settled: a call at another count in between starts no new streak
+            self.last, self.streak = key, ROWS_SETTLED
             return self.models[key]
         self.streak = self.streak + 1 if key == self.last else 1
         self.last = key
         if self.streak < ROWS_SETTLED or min(key) < ROWS_MIN:
             return None
         if len(self.models) >= MAX_ROW_MODELS:
-            self.models.clear()  # dropped first: a compile allocates the buffers its fixed shapes need
+            # dropped first, even if the compile then fails: a compile allocates the buffers its fixed
+            # shapes need, and two such models at once are the peak this keeps down
+            self.models.clear()
         try:
             compiled = self.compile_rows(dict(zip(self.leading, key)))
         except Exception as exc:  # the dynamic model runs every shape: it stays this graph's only model
-            log.warning("openvino: graph %s did not compile with its rows fixed at %s (%s); it runs with "
-                        "dynamic shapes", self.name, key, exc)
+            cause = str(exc.__cause__ or exc).strip().splitlines()
+            log.warning("openvino: graph %s did not compile with its rows fixed at %s (%s); it runs on with "
+                        "dynamic shapes", self.name, key, cause[-1] if cause else type(exc).__name__)
             self.leading = ()
             return None
         self.models[key] = (compiled.create_infer_request(), compiled)

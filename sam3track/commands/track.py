@@ -162,7 +162,7 @@ def _add_backend_options(track: argparse.ArgumentParser) -> None:
                             "AVX512-BF16): faster, results may differ from fp32")
     track.add_argument("--shapes", default=None, choices=("dynamic", "rows", "static"),
                        help="openvino only: dynamic (default: each graph compiled once), rows (a graph "
-                            "compiled again once its calls settle on one object count, about a second, then "
+                            "compiled again once its calls settle on one object count, a second or two, then "
                             "faster: many objects), or static (compiled again for each new call shape, seconds "
                             "each, then faster: long videos)")
     track.add_argument("--weights", default=None, choices=("fp32", "fp16"),
