@@ -59,8 +59,9 @@ def bundles(cache: Path, log=print) -> dict[str, Path]:
 
 
 # ----------------------------------------------------------------------------------- ours, SAM 3.1
-def scores_31(bundle: Path, frame: np.ndarray, text: str, threads: int | None) -> list[float]:
-    """Frame 0's detection scores as our SAM 3.1 path filters them (boundary filter included), highest first."""
+def scores_31(bundle: Path, frame: np.ndarray, text: str, threads: int | None, **options) -> list[float]:
+    """Frame 0's detection scores as our SAM 3.1 path filters them (boundary filter included), highest
+    first; options: more load() options (precision=, shapes=: that path's own scores)."""
     import sam3track
     from sam3track.families.sam31 import tracker as trk
 
@@ -73,7 +74,7 @@ def scores_31(bundle: Path, frame: np.ndarray, text: str, threads: int | None) -
         return det
 
     with sam3track.load(bundle, threads=threads, score_threshold_detection=0.0, new_det_thresh=1.0,
-                        **FIXED_31) as predictor:
+                        **FIXED_31, **options) as predictor:
         # patched after the load: backend="auto"'s first load tracks its own gate clip through detect
         trk.Sam31Tracker.detect = detect
         try:
@@ -153,7 +154,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, default=Path("/tmp/bench-sam31"))
     p.add_argument("--cache", type=Path, default=Path("/tmp/bench-sam31-cache"))
     p.add_argument("--no-meta", action="store_true", help="leave Meta's predictor out (no reference env needed)")
+    p.add_argument("--precision", choices=("fp32", "bf16"), default=None,
+                   help="ours on OpenVINO at this precision (with its own detection thresholds) instead of auto")
+    p.add_argument("--shapes", choices=("dynamic", "rows", "static"), default=None, help="ours' OpenVINO shapes=")
     a = p.parse_args(argv)
+    ours = {k: v for k, v in (("precision", a.precision), ("shapes", a.shapes)) if v is not None}
     counts = [int(x) for x in a.objects.split(",")]
     a.out.mkdir(parents=True, exist_ok=True)
     a.cache.mkdir(parents=True, exist_ok=True)
@@ -168,9 +173,9 @@ def main(argv: list[str] | None = None) -> int:
             raise SystemExit(f"error: {ref.missing_reason()} (or pass --no-meta)")
         checkpoint = ref.checkpoint_dir(env) / "sam3.1_multiplex.pt"
 
-    scores31 = scores_31(paths["ours 3.1"], frames[0], a.text, a.threads)
+    scores31 = scores_31(paths["ours 3.1"], frames[0], a.text, a.threads, **ours)
     with sam3track.load(paths["ours 3.0"], threads=a.threads, score_threshold_detection=0.0, new_det_thresh=1.0,
-                        **{k: v for k, v in FIXED_30.items() if k != "det_nms_thresh"}) as scorer:
+                        **{k: v for k, v in FIXED_30.items() if k != "det_nms_thresh"}, **ours) as scorer:
         scores30 = ours_detection_scores(scorer, frames[0], [a.text])
     # a backend named in the environment overrides auto's choice for ours: the command must carry it
     named = os.environ.get("SAM3TRACK_BACKEND", "").strip()
@@ -184,8 +189,8 @@ def main(argv: list[str] | None = None) -> int:
                       new_det_thresh=threshold(scores31, n), **FIXED_31)
         over30, note30 = count_overrides(scores30, n)
         over30 = {**over30, **FIXED_30, "pool_objects": max(64, n)}  # SAM 3's pools hold 64 objects by default
-        loaded = {"ours 3.1": sam3track.load(paths["ours 3.1"], threads=a.threads, **over31),
-                  "ours 3.0": sam3track.load(paths["ours 3.0"], threads=a.threads, **over30)}
+        loaded = {"ours 3.1": sam3track.load(paths["ours 3.1"], threads=a.threads, **over31, **ours),
+                  "ours 3.0": sam3track.load(paths["ours 3.0"], threads=a.threads, **over30, **ours)}
         runs = {side: [] for side in (*loaded, *(() if a.no_meta else ("Meta 3.1",)))}
         # the path backend="auto" took on each of ours (its verdict is kept per machine and bundle: made by
         # the first load here, scores_31's on a cold cache, and reused)
@@ -223,6 +228,7 @@ def _paths_line(results: dict) -> str:
     if not paths:
         return ""
     how = ("ours with the backend named by SAM3TRACK_BACKEND" if results["command"].startswith("SAM3TRACK_BACKEND=")
+           else "ours with the options given" if " --precision" in results["command"] or " --shapes" in results["command"]
            else 'ours at backend="auto"')
     return f"; {how}: " + "; ".join(f"{k} ran {v}" for k, v in paths.items())
 
