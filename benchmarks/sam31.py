@@ -227,8 +227,9 @@ def _paths_line(results: dict) -> str:
     paths = next(iter(results["counts"].values()), {}).get("paths")
     if not paths:
         return ""
-    how = ("ours with the backend named by SAM3TRACK_BACKEND" if results["command"].startswith("SAM3TRACK_BACKEND=")
-           else "ours with the options given" if " --precision" in results["command"] or " --shapes" in results["command"]
+    command = results["command"]
+    how = ("ours with the backend named by SAM3TRACK_BACKEND" if command.startswith("SAM3TRACK_BACKEND=")
+           else "ours with the options given" if " --precision" in command or " --shapes" in command
            else 'ours at backend="auto"')
     return f"; {how}: " + "; ".join(f"{k} ran {v}" for k, v in paths.items())
 

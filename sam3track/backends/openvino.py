@@ -3,11 +3,12 @@
 One compiled model and infer request per graph; outputs named in `outputs=` are written straight into the
 caller's views, every other output into a fresh tensor. Options: shapes="dynamic" (default: one compile per
 graph), "rows" (dynamic, and a graph whose row counts settle compiled again with them fixed, faster calls:
-openvino_rows.py) or "static" (compiled again per new call shape, faster calls), precision="fp32" (default, always set) or "bf16" (CPUs
-that list BF16), weights="fp32" (default) or "fp16" (kept in fp16: store_weights_in_fp16), cache_dir=
-(OpenVINO's compiled-model cache; by default the compile cache's folder of the bundle, compile_cache.py).
-Graphs the load defers are read at load and compiled at their first run; a released graph (a large text
-encoder) is compiled again at each first run after another graph ran. The design: docs/architecture.md, "The OpenVINO backend"; what static shapes and bf16 gain and cost, and which
+openvino_rows.py) or "static" (compiled again per new call shape, faster calls), precision="fp32" (default,
+always set) or "bf16" (CPUs that list BF16), weights="fp32" (default) or "fp16" (kept in fp16:
+store_weights_in_fp16), cache_dir= (OpenVINO's compiled-model cache; by default the compile cache's folder of
+the bundle, compile_cache.py). Graphs the load defers are read at load and compiled at their first run; a
+released graph (a large text encoder) is compiled again at each first run after another graph ran. The
+design: docs/architecture.md, "The OpenVINO backend"; what static shapes and bf16 gain and cost, and which
 quantised graphs load: docs/speed.md, "CPU fast paths".
 """
 
@@ -269,7 +270,7 @@ class OpenVinoBackend(Backend):
         def compile_rows(rows: dict[int, int]):
             started = time.perf_counter()
             model = self._read(name, path)
-            model.reshape({model.inputs[i]: ov.PartialShape([ov.Dimension(n)] + list(model.inputs[i].get_partial_shape())[1:])
+            model.reshape({model.inputs[i]: ov.PartialShape([ov.Dimension(n), *list(model.inputs[i].get_partial_shape())[1:]])
                            for i, n in rows.items()})
             compiled = self._compile(name, path, model, f" with its rows fixed at {sorted(set(rows.values()))}")
             self.compile_seconds[name] = self.compile_seconds.get(name, 0.0) + time.perf_counter() - started
