@@ -183,7 +183,7 @@ def main(argv: list[str] | None = None) -> int:
     command = [*forced, "python -m benchmarks.sam31", *(argv if argv is not None else sys.argv[1:])]
     results = {"command": " ".join(command),
                "started": time.strftime("%Y-%m-%d %H:%M"), "clip": a.clip, "text": a.text, "frames": a.frames,
-               "reps": a.reps, "threads": a.threads, "counts": {}}
+               "reps": a.reps, "threads": a.threads, "ours_options": ours, "counts": {}}
     for n in counts:
         over31 = dict(max_num_objects=n, score_threshold_detection=threshold(scores31, n),
                       new_det_thresh=threshold(scores31, n), **FIXED_31)
@@ -192,13 +192,13 @@ def main(argv: list[str] | None = None) -> int:
         loaded = {"ours 3.1": sam3track.load(paths["ours 3.1"], threads=a.threads, **over31, **ours),
                   "ours 3.0": sam3track.load(paths["ours 3.0"], threads=a.threads, **over30, **ours)}
         runs = {side: [] for side in (*loaded, *(() if a.no_meta else ("Meta 3.1",)))}
-        # the path backend="auto" took on each of ours (its verdict is kept per machine and bundle: made by
-        # the first load here, scores_31's on a cold cache, and reused)
+        # the path each of ours took: backend="auto"'s (its verdict is kept per machine and bundle: made by
+        # the first load here, scores_31's on a cold cache, and reused), or the one the options name
         paths_of = {side: Candidate(p.backend_choice.backend, p.backend_choice.options).label
                     for side, p in loaded.items()}
         try:
-            for side, predictor in loaded.items():  # warm-up: first calls at new shapes
-                run_ours(predictor, frames[:2], a.text)
+            for side, predictor in loaded.items():  # warm-up: first calls at new shapes (with --shapes rows
+                run_ours(predictor, frames, a.text)  # the compiles, once a count has run twice: every frame)
             for rep in range(a.reps):
                 for side, predictor in loaded.items():
                     runs[side].append(run_ours(predictor, frames, a.text))
@@ -227,9 +227,10 @@ def _paths_line(results: dict) -> str:
     paths = next(iter(results["counts"].values()), {}).get("paths")
     if not paths:
         return ""
-    command = results["command"]
-    how = ("ours with the backend named by SAM3TRACK_BACKEND" if command.startswith("SAM3TRACK_BACKEND=")
-           else "ours with the options given" if " --precision" in command or " --shapes" in command
+    options = results.get("ours_options") or {}
+    how = (f"ours with {', '.join(f'{k}={v!r}' for k, v in options.items())}" if options
+           else "ours with the backend named by SAM3TRACK_BACKEND"
+           if results["command"].startswith("SAM3TRACK_BACKEND=")
            else 'ours at backend="auto"')
     return f"; {how}: " + "; ".join(f"{k} ran {v}" for k, v in paths.items())
 

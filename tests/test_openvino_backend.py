@@ -234,15 +234,28 @@ def test_rows_shapes_compile_a_graph_again_once_its_row_counts_settle(tmp_path, 
         run(n, 3)
     assert b.row_compiles["points"] == 2 and list(graph.rows.models) == [(2,)]
     # a graph that fails to compile with its rows fixed runs on with dynamic shapes, and says so once
+    def refuse(rows):  # as the backend's compile fails: its advice to change backend, OpenVINO's words under it
+        raise BundleError("openvino cannot compile graph points: no such kernel; run it with backend="
+                          "'onnxruntime'") from RuntimeError("Exception from src/x.cpp:1:\nno such kernel")
+
     graph.rows.models.clear()
-    graph.rows.compile_rows = lambda rows: (_ for _ in ()).throw(RuntimeError("no such kernel"))
+    graph.rows.compile_rows = refuse
     with caplog.at_level("WARNING", logger="sam3track"):
         for _ in range(3):
             run(4, 3)
-    assert "graph points did not compile with its rows fixed at (4,) (no such kernel)" in caplog.text
+    assert "graph points did not compile with its rows fixed at (4,) (no such kernel); it runs on" in caplog.text
+    assert "onnxruntime" not in caplog.text  # the graph runs on here: no advice to change backend
     assert graph.rows.leading == () and caplog.text.count("did not compile") == 1
     b.close()
     assert graph.rows.leading == () and not graph.rows.models
+    deferred = create_backend("openvino", "cpu", shapes="rows")  # a graph compiled at its first run takes part
+    deferred._deferred = frozenset({"points"})
+    graph = deferred.load("points", points_graph(tmp_path))
+    assert graph.compiled is None
+    for _ in range(3):
+        deferred.run(graph, {"x": _rand(3, 4)})
+    assert deferred.row_compiles["points"] == 1 and list(graph.rows.models) == [(3,)]
+    deferred.close()
     plain = create_backend("openvino", "cpu")  # the default, "dynamic": one compile per graph, never again
     graph = plain.load("points", points_graph(tmp_path))
     for _ in range(3):

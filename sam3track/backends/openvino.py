@@ -82,7 +82,7 @@ class OvGraph(Graph):
         self.output_types = [p.get_element_type() for p in model.outputs]
         leading = tuple(i for i, n in enumerate(self.input_names) if self.shapes[n] and self.shapes[n][0] is None)
         self.rows = RowModels(name, leading, compile_rows) if compile_rows is not None else None
-        self.dynamic_holds = False  # the dynamic model ran last and holds buffers at that call's shapes
+        self.released_for = 0  # RowModels.compiles when the dynamic model's buffers were last released
         self.reader, self.compiler = reader, deferred
         if compiled is not None or reader is not None:  # the read model holds the weights as read: not kept
             self.model = None
@@ -102,11 +102,10 @@ class OvGraph(Graph):
         if self.compile_for is None:
             entry = self.rows.request_for(shapes) if self.rows is not None else None
             if entry is None:
-                self.dynamic_holds = True
                 return self.request, self.compiled
-            if self.dynamic_holds:  # the settled rows run elsewhere now: its buffers go back
-                self.compiled.release_memory()
-                self.dynamic_holds = False
+            if self.released_for != self.rows.compiles:  # a new fixed model: the dynamic model's buffers from
+                self.compiled.release_memory()  # the calls that settled it go back (not at every later switch)
+                self.released_for = self.rows.compiles
             return entry
         entry = self.static.get(shapes)
         if entry is None:

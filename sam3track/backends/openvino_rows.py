@@ -37,6 +37,7 @@ class RowModels:
         self.models: dict[tuple, tuple] = {}  # row counts -> (infer request, compiled model)
         self.last: tuple | None = None
         self.streak = 0
+        self.compiles = 0  # fixed-rows models made so far
 
     def request_for(self, shapes: tuple) -> tuple | None:
         """(request, compiled) of the model for these input shapes' row counts, or None where the
@@ -57,13 +58,15 @@ class RowModels:
             self.models.clear()
         try:
             compiled = self.compile_rows(dict(zip(self.leading, key)))
+            self.models[key] = (compiled.create_infer_request(), compiled)
+            self.compiles += 1
         except Exception as exc:  # the dynamic model runs every shape: it stays this graph's only model
-            cause = str(exc.__cause__ or exc).strip().splitlines()
+            cause = exc.__cause__ or exc  # OpenVINO's own words, not the load's advice to change backend
+            lines = str(cause).strip().splitlines()
             log.warning("openvino: graph %s did not compile with its rows fixed at %s (%s); it runs on with "
-                        "dynamic shapes", self.name, key, cause[-1] if cause else type(exc).__name__)
+                        "dynamic shapes", self.name, key, lines[-1] if lines else type(cause).__name__)
             self.leading = ()
             return None
-        self.models[key] = (compiled.create_infer_request(), compiled)
         return self.models[key]
 
     def clear(self) -> None:
