@@ -24,9 +24,9 @@ def create_backend(name: str, device: str = "cpu", **options) -> Backend:
                              "at the precision the bundle stores it in (graphs.export --int8 quantises graphs): "
                              "leave precision unset or use backend='openvino'")
     if name not in ("openvino", "ov") and options.get("shapes") is not None:
-        raise Sam3TrackError(f"shapes= is an openvino option (dynamic, rows or static); the {name} backend runs every "
-                             "call at its own size (onnxruntime) or at the bundle's compiled gears (acl): leave "
-                             "shapes unset or use backend='openvino'")
+        raise Sam3TrackError(f"shapes= is an openvino option (dynamic, rows or static); the {name} backend runs "
+                             "every call at its own size (onnxruntime) or at the bundle's compiled gears (acl): "
+                             "leave shapes unset or use backend='openvino'")
     stores_weights = ("onnxruntime", "ort", "openvino", "ov")
     if name not in stores_weights and options.get("weights") not in (None, "fp32"):
         raise Sam3TrackError(f"weights= is an onnxruntime and openvino option (fp32 or fp16, on the CPU); the {name} "

@@ -269,8 +269,9 @@ class OpenVinoBackend(Backend):
         def compile_rows(rows: dict[int, int]):
             started = time.perf_counter()
             model = self._read(name, path)
-            model.reshape({model.inputs[i]: ov.PartialShape([ov.Dimension(n), *list(model.inputs[i].get_partial_shape())[1:]])
-                           for i, n in rows.items()})
+            ports = {i: model.inputs[i] for i in rows}
+            model.reshape({port: ov.PartialShape([ov.Dimension(rows[i]), *list(port.get_partial_shape())[1:]])
+                           for i, port in ports.items()})
             compiled = self._compile(name, path, model, f" with its rows fixed at {sorted(set(rows.values()))}")
             self.compile_seconds[name] = self.compile_seconds.get(name, 0.0) + time.perf_counter() - started
             self.row_compiles[name] += 1
