@@ -216,7 +216,6 @@ class OpenVinoBackend(Backend):
         if cache_dir is None or shapes == "static":  # nothing to compile it again from quickly: kept
             self._released = frozenset()
         self.compile_seconds: dict[str, float] = {}  # graph name -> read + compile time
-        self.row_compiles: Counter[str] = Counter()  # graph name -> compiles with its rows fixed (shapes="rows")
         self._graphs: list[OvGraph] = []
         self._storages: weakref.WeakSet[_Storage] = weakref.WeakSet()  # every allocation not yet collected
         self.closed = False
@@ -233,11 +232,9 @@ class OpenVinoBackend(Backend):
         model = self._read(name, path)
         if self.shapes == "static":  # compiled per call shapes, at first use (OvGraph.request_for)
             def compile_for(model, input_shapes, name=name, path=path):
-                started = time.perf_counter()
-                model.reshape({port: ov.PartialShape(list(shape)) for port, shape in zip(model.inputs, input_shapes)})
-                compiled = self._compile(name, path, model, f" at input shapes {list(map(list, input_shapes))}")
-                self.compile_seconds[name] = self.compile_seconds.get(name, 0.0) + time.perf_counter() - started
-                return compiled
+                shapes = {port: ov.PartialShape(list(shape)) for port, shape in zip(model.inputs, input_shapes)}
+                return self._compile_reshaped(name, path, model, shapes,
+                                              f" at input shapes {list(map(list, input_shapes))}")
 
             # read again for each new shape rather than kept: a kept model held every graph's weights once
             # more beside the compiled copies (mid: 0.6 GB)
@@ -267,16 +264,27 @@ class OpenVinoBackend(Backend):
             return None
 
         def compile_rows(rows: dict[int, int]):
-            started = time.perf_counter()
             model = self._read(name, path)
             ports = {i: model.inputs[i] for i in rows}
-            model.reshape({port: ov.PartialShape([ov.Dimension(rows[i]), *list(port.get_partial_shape())[1:]])
-                           for i, port in ports.items()})
-            compiled = self._compile(name, path, model, f" with its rows fixed at {sorted(set(rows.values()))}")
-            self.compile_seconds[name] = self.compile_seconds.get(name, 0.0) + time.perf_counter() - started
-            self.row_compiles[name] += 1
-            return compiled
+            shapes = {port: ov.PartialShape([ov.Dimension(rows[i]), *list(port.get_partial_shape())[1:]])
+                      for i, port in ports.items()}
+            return self._compile_reshaped(name, path, model, shapes,
+                                          f" with its rows fixed at {sorted(set(rows.values()))}")
         return compile_rows
+
+    def _compile_reshaped(self, name: str, path: str, model, shapes: dict, where: str):
+        """Graph `name` compiled after its read model is reshaped to `shapes` ({port: PartialShape}) after
+        the load (static or fixed-rows shapes), its time added to compile_seconds."""
+        started = time.perf_counter()
+        model.reshape(shapes)
+        compiled = self._compile(name, path, model, where)
+        self.compile_seconds[name] = self.compile_seconds.get(name, 0.0) + time.perf_counter() - started
+        return compiled
+
+    @property
+    def row_compiles(self) -> Counter[str]:
+        """graph name -> models compiled with its rows fixed so far (shapes="rows"; open graphs only)."""
+        return Counter({g.name: g.rows.compiles for g in self._graphs if g.rows is not None and g.rows.compiles})
 
     def plan(self, graph: Graph, axis: str, n: int) -> int:
         """As Backend.plan, but n past the largest gear runs at n on an axis an OM bundle does not fix:
