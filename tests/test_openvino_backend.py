@@ -209,6 +209,18 @@ def test_rows_shapes_compile_a_graph_again_once_its_row_counts_settle(tmp_path, 
     dynamic, and runs there from then on; one such model is kept per graph; one row never is."""
     b = create_backend("openvino", "cpu", shapes="rows")
     assert (ov_rows.ROWS_SETTLED, ov_rows.ROWS_MIN, ov_rows.MAX_ROW_MODELS) == (2, 2, 1)
+    configs = []  # the properties of each compile, as OpenVINO gets them
+    core = b._core
+
+    class RecordingCore:
+        def __getattr__(self, name):
+            return getattr(core, name)
+
+        def compile_model(self, model, device, config):
+            configs.append(config)
+            return core.compile_model(model, device, config)
+
+    b._core = RecordingCore()
     graph = b.load("points", points_graph(tmp_path))
 
     def run(n, p, into=None):
@@ -223,6 +235,9 @@ def test_rows_shapes_compile_a_graph_again_once_its_row_counts_settle(tmp_path, 
     assert b.row_compiles["points"] == 1 and list(graph.rows.models) == [(5,)]
     compiled = graph.rows.models[(5,)][1]
     assert str(compiled.inputs[0].get_partial_shape()) == "[5,?]"  # the rows fixed, the points not
+    # the fixed model without OpenVINO's snippets, as measured faster; the dynamic one as loaded
+    assert [c.get("SNIPPETS_MODE") for c in configs] == [None, "DISABLE"]
+    assert configs[1] == {**configs[0], **ov_rows.FIXED_ROWS_CONFIG}
     run(5, 7)  # another number of points: the same model, no compile
     pool = b.zeros((8, 1), np.float32)
     run(5, 2, into=b.rows(pool, 2, 5))  # outputs straight into a pool view, as with dynamic shapes

@@ -28,7 +28,7 @@ from .. import load_notice
 from ..errors import BackendError, BundleError, Sam3TrackError
 from .base import Backend, DeviceTensor, Graph, check_gears, graph_gears
 from .compile_cache import STATS as CACHE_STATS
-from .openvino_rows import RowModels
+from .openvino_rows import FIXED_ROWS_CONFIG, RowModels
 
 _VERSION = ov.__version__.split("-")[0]  # "2026.4.1" of "2026.4.1-22982-...-releases/2026/4"
 PRECISIONS = ("fp32", "bf16")
@@ -269,15 +269,16 @@ class OpenVinoBackend(Backend):
             shapes = {port: ov.PartialShape([ov.Dimension(rows[i]), *list(port.get_partial_shape())[1:]])
                       for i, port in ports.items()}
             return self._compile_reshaped(name, path, model, shapes,
-                                          f" with its rows fixed at {sorted(set(rows.values()))}")
+                                          f" with its rows fixed at {sorted(set(rows.values()))}", FIXED_ROWS_CONFIG)
         return compile_rows
 
-    def _compile_reshaped(self, name: str, path: str, model, shapes: dict, where: str):
+    def _compile_reshaped(self, name: str, path: str, model, shapes: dict, where: str, config: dict | None = None):
         """Graph `name` compiled after its read model is reshaped to `shapes` ({port: PartialShape}) after
-        the load (static or fixed-rows shapes), its time added to compile_seconds."""
+        the load (static or fixed-rows shapes, with `config`'s properties beside the backend's), its time
+        added to compile_seconds."""
         started = time.perf_counter()
         model.reshape(shapes)
-        compiled = self._compile(name, path, model, where)
+        compiled = self._compile(name, path, model, where, config)
         self.compile_seconds[name] = self.compile_seconds.get(name, 0.0) + time.perf_counter() - started
         return compiled
 
@@ -307,12 +308,12 @@ class OpenVinoBackend(Backend):
                                  f"{_VERSION} lacks: load without weights= (fp32), or with backend='onnxruntime'")
         return model
 
-    def _compile(self, name: str, path: str, model, where: str):
+    def _compile(self, name: str, path: str, model, where: str, config: dict | None = None):
         if self._compile_cache is not None and "CACHE_DIR" in self._config:  # a compile after the load too
             self._compile_cache.mark_used(Path(self._config["CACHE_DIR"]))
         try:
             with load_notice.step(f"compiling graph {name} for OpenVINO{where}"):
-                return self._core.compile_model(model, self.device, self._config)
+                return self._core.compile_model(model, self.device, {**self._config, **(config or {})})
         except Exception as exc:
             hint = "run it with backend='onnxruntime'"
             # OpenVINO's ONNX frontend reads QuantizeLinear/DequantizeLinear pairs as FakeQuantize

@@ -25,6 +25,10 @@ ROWS_SETTLED = 2  # calls in a row at the same row counts before a model is comp
 # more. The grounding head at one prompt took 14% less; its memory was not measured
 ROWS_MIN = 2
 MAX_ROW_MODELS = 1  # per graph: the mid decoder's at 16 objects holds about 1.8 GB of buffers
+# Compile properties of a fixed model beside the backend's own: without OpenVINO's snippets (its own
+# fused element-wise kernels, which static shapes let it form) the mid decoder at 16 objects, bf16, took
+# 2.8 s a call against 3.1 (Zen 4; docs/speed.md, "Rows fixed")
+FIXED_ROWS_CONFIG = {"SNIPPETS_MODE": "DISABLE"}
 
 
 class RowModels:
