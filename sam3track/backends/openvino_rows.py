@@ -3,9 +3,9 @@ with those counts fixed, every other axis still dynamic.
 
 The rows are the leading axis of each input (objects, buckets, prompts, images, the pools' rows: every
 graph of both families puts them first). With them fixed, OpenVINO's CPU plugin plans and fuses a graph
-as for static shapes (mid, OpenVINO bf16, 16 objects, Zen 4: the propagation decoder took 27% less time
-a frame, the memory encoder 25%), while the axes that move from frame to frame (memories and pointers
-per object, points) stay dynamic, so no memory depth costs a compile as with shapes="static". The pools'
+as for static shapes (faster calls: the decoders and the memory encoder at many objects), while the axes
+that move from frame to frame (memories and pointers per object, points) stay dynamic, so no memory
+depth costs a compile as with shapes="static". The pools'
 rows are fixed too: a SAM 3 pool never changes size, a SAM 3.1 pool doubles as it grows (one compile
 each time). Only counts seen on ROWS_SETTLED calls in a row are compiled (from OpenVINO's cache where
 seen before), never at fewer than ROWS_MIN rows (SAM 3.1's tracker graphs take 16 objects a row, a
@@ -26,8 +26,7 @@ ROWS_SETTLED = 2  # calls in a row at the same row counts before a model is comp
 ROWS_MIN = 2
 MAX_ROW_MODELS = 1  # per graph: the mid decoder's at 16 objects holds about 1.8 GB of buffers
 # Compile properties of a fixed model beside the backend's own: without OpenVINO's snippets (its own
-# fused element-wise kernels, which static shapes let it form) the mid decoder at 16 objects, bf16, took
-# 2.8 s a call against 3.1 (Zen 4; docs/speed.md, "Rows fixed")
+# generated element-wise kernels, which fixed rows let it form) the decoders ran faster at many objects
 FIXED_ROWS_CONFIG = {"SNIPPETS_MODE": "DISABLE"}
 
 
