@@ -207,7 +207,7 @@ def test_rows_shapes_compile_a_graph_again_once_its_row_counts_settle(tmp_path, 
     """shapes="rows": calls whose row counts move run on the one dynamic model; a count seen on
     ROWS_SETTLED calls in a row is compiled with the leading axes fixed and every other axis still
     dynamic, and runs there from then on; one such model is kept per graph; one row never is."""
-    b = create_backend("openvino", "cpu", shapes="rows")
+    b = create_backend("openvino", "cpu", shapes="rows", cache_dir=tmp_path / "compiled")
     assert (ov_rows.ROWS_SETTLED, ov_rows.ROWS_MIN, ov_rows.MAX_ROW_MODELS) == (2, 2, 1)
     configs = []  # the properties of each compile, as OpenVINO gets them
     core = b._core
@@ -235,9 +235,13 @@ def test_rows_shapes_compile_a_graph_again_once_its_row_counts_settle(tmp_path, 
     assert b.row_compiles["points"] == 1 and list(graph.rows.models) == [(5,)]
     compiled = graph.rows.models[(5,)][1]
     assert str(compiled.inputs[0].get_partial_shape()) == "[5,?]"  # the rows fixed, the points not
-    # the fixed model without OpenVINO's snippets, as measured faster; the dynamic one as loaded
+    # the fixed model without OpenVINO's snippets, as measured faster; the dynamic one as loaded. Its
+    # blobs in a folder of their own: OpenVINO's blob key leaves compile properties out
     assert [c.get("SNIPPETS_MODE") for c in configs] == [None, "DISABLE"]
+    loaded_cache, fixed_cache = Path(configs[0].pop("CACHE_DIR")), Path(configs[1].pop("CACHE_DIR"))
     assert configs[1] == {**configs[0], **ov_rows.FIXED_ROWS_CONFIG}
+    assert fixed_cache.parent == loaded_cache and loaded_cache.parent == tmp_path / "compiled"
+    assert any(fixed_cache.iterdir())  # the fixed model's blob went there
     run(5, 7)  # another number of points: the same model, no compile
     pool = b.zeros((8, 1), np.float32)
     run(5, 2, into=b.rows(pool, 2, 5))  # outputs straight into a pool view, as with dynamic shapes
@@ -758,9 +762,9 @@ def test_static_shapes_track_the_clip_as_onnxruntime(mode, tiny_bundle, bikes_fr
     ort_run = _both_backends(f"bikes-{mode}", tiny_bundle, bikes_frames)[0]
     compiles, compile = [], ov_backend.OpenVinoBackend._compile
 
-    def recorded(self, name, path, model, where):
+    def recorded(self, name, path, model, where, config=None):
         compiles.append((name, {p.get_node().get_friendly_name(): tuple(p.get_shape()) for p in model.inputs}))
-        return compile(self, name, path, model, where)
+        return compile(self, name, path, model, where, config)
 
     monkeypatch.setattr(ov_backend.OpenVinoBackend, "_compile", recorded)
     predictor, _, ov_run = sam3track_run(tiny_bundle, bikes_frames, ["person", "bike"], {"shapes": "static"}, mode,

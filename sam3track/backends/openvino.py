@@ -311,9 +311,15 @@ class OpenVinoBackend(Backend):
     def _compile(self, name: str, path: str, model, where: str, config: dict | None = None):
         if self._compile_cache is not None and "CACHE_DIR" in self._config:  # a compile after the load too
             self._compile_cache.mark_used(Path(self._config["CACHE_DIR"]))
+        merged = {**self._config, **(config or {})}
+        if config and "CACHE_DIR" in self._config:  # OpenVINO's blob key leaves compile properties out (the
+            # CPU plugin's CACHING_PROPERTIES: FULL_DEVICE_NAME), and a blob keeps the transformations they
+            # chose: a subfolder per extra set, or a blob compiled without them would be imported
+            extra = "-".join(f"{k}-{v}" for k, v in sorted(config.items()))
+            merged["CACHE_DIR"] = str(Path(self._config["CACHE_DIR"]) / extra)
         try:
             with load_notice.step(f"compiling graph {name} for OpenVINO{where}"):
-                return self._core.compile_model(model, self.device, {**self._config, **(config or {})})
+                return self._core.compile_model(model, self.device, merged)
         except Exception as exc:
             hint = "run it with backend='onnxruntime'"
             # OpenVINO's ONNX frontend reads QuantizeLinear/DequantizeLinear pairs as FakeQuantize
