@@ -26,7 +26,8 @@ ROWS_SETTLED = 2  # calls in a row at the same row counts before a model is comp
 ROWS_MIN = 2
 MAX_ROW_MODELS = 1  # per graph: the mid decoder's at 16 objects holds about 1.8 GB of buffers
 # Compile properties of a fixed model beside the backend's own: without OpenVINO's snippets (its own
-# generated element-wise kernels, which fixed rows let it form) the decoders ran faster at many objects
+# generated element-wise and attention kernels, which fixed rows let it form) SAM 3's decoders at real
+# widths ran faster once objects' memory windows fill; SAM 3.1's small seeded decoder ran a little slower
 FIXED_ROWS_CONFIG = {"SNIPPETS_MODE": "DISABLE"}
 
 
