@@ -315,7 +315,7 @@ class OpenVinoBackend(Backend):
         if config and "CACHE_DIR" in self._config:  # OpenVINO's blob key leaves compile properties out (the
             # CPU plugin's CACHING_PROPERTIES: FULL_DEVICE_NAME), and a blob keeps the transformations they
             # chose: a subfolder per extra set, or a blob compiled without them would be imported
-            extra = "-".join(f"{k}-{v}" for k, v in sorted(config.items()))
+            extra = "-".join(f"{k}-{v}" for k, v in sorted(config.items()))  # plain names and values only
             merged["CACHE_DIR"] = str(Path(self._config["CACHE_DIR"]) / extra)
         try:
             with load_notice.step(f"compiling graph {name} for OpenVINO{where}"):

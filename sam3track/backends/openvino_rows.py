@@ -24,7 +24,7 @@ ROWS_SETTLED = 2  # calls in a row at the same row counts before a model is comp
 # One row is left dynamic: the mid backbone (one image a call) took 3% less time fixed and held 540 MB
 # more. The grounding head at one prompt took 14% less; its memory was not measured
 ROWS_MIN = 2
-MAX_ROW_MODELS = 1  # per graph: the mid decoder's at 16 objects holds about 1.8 GB of buffers
+MAX_ROW_MODELS = 1  # per graph: the mid decoder's at 16 objects held about 1.8 GB of buffers (with the snippets)
 # Compile properties of a fixed model beside the backend's own: without OpenVINO's snippets (its own
 # generated element-wise and attention kernels, which fixed rows let it form) SAM 3's decoders at real
 # widths ran faster once objects' memory windows fill; SAM 3.1's small seeded decoder ran a little slower
