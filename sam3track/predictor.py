@@ -60,8 +60,8 @@ class Predictor:
         AVX512-BF16): faster, with results that may differ from fp32 (other objects on some frames);
         any other backend runs each graph at the precision the bundle stores it in.
         shapes (openvino only): "dynamic" (default: each graph compiled once), "rows" (a graph
-        compiled again beside the calls, a second or two at mid size, once its calls settle on one count
-        of objects, then faster at many objects: docs/speed.md "Rows fixed") or "static"
+        compiled again, a second or two at mid size, once its calls settle on one count of objects, then
+        faster at many objects: docs/speed.md "Rows fixed") or "static"
         (compiled again for each new set of call shapes, about 2 s a graph at mid size, then up to 40%
         faster per call): for long videos and streams.
         weights (onnxruntime and openvino, on the CPU): "fp32" (default) or "fp16": each graph's large

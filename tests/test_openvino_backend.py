@@ -12,7 +12,6 @@ import gc
 import json
 import signal
 import sys
-import threading
 from pathlib import Path
 
 import numpy as np
@@ -207,10 +206,9 @@ def points_graph(tmp_path):
 def test_rows_shapes_compile_a_graph_again_once_its_row_counts_settle(tmp_path, caplog):
     """shapes="rows": calls whose row counts move run on the one dynamic model; a count seen on
     ROWS_SETTLED calls in a row is compiled with the leading axes fixed and every other axis still
-    dynamic, and runs there from the ROWS_LAG-th call after on; one such model is kept per graph; one
-    row never is."""
+    dynamic, and runs there from then on; one such model is kept per graph; one row never is."""
     b = create_backend("openvino", "cpu", shapes="rows", cache_dir=tmp_path / "compiled")
-    assert (ov_rows.ROWS_SETTLED, ov_rows.ROWS_MIN, ov_rows.MAX_ROW_MODELS, ov_rows.ROWS_LAG) == (2, 2, 1, 2)
+    assert (ov_rows.ROWS_SETTLED, ov_rows.ROWS_MIN, ov_rows.MAX_ROW_MODELS) == (2, 2, 1)
     configs = []  # the properties of each compile, as OpenVINO gets them
     core = b._core
 
@@ -233,12 +231,8 @@ def test_rows_shapes_compile_a_graph_again_once_its_row_counts_settle(tmp_path, 
     for n in (3, 1, 1, 5):
         run(n, 4)
     assert b.row_compiles["points"] == 0 and not graph.rows.models  # one row twice, no other count twice
-    run(5, 4)  # settled: compiled beside the calls; this one and the next run on the dynamic model
-    assert graph.rows.pending.key == (5,) and not graph.rows.models
     run(5, 4)
-    assert b.row_compiles["points"] == 0 and graph.released_for == 0
-    run(5, 7)  # the model is installed and runs this call (another number of points: the same model)
-    assert b.row_compiles["points"] == 1 and list(graph.rows.models) == [(5,)] and graph.released_for == 1
+    assert b.row_compiles["points"] == 1 and list(graph.rows.models) == [(5,)]
     compiled = graph.rows.models[(5,)][1]
     assert str(compiled.inputs[0].get_partial_shape()) == "[5,?]"  # the rows fixed, the points not
     # the fixed model without OpenVINO's snippets, as measured faster; the dynamic one as loaded. Its
@@ -248,12 +242,13 @@ def test_rows_shapes_compile_a_graph_again_once_its_row_counts_settle(tmp_path, 
     assert configs[1] == {**configs[0], **ov_rows.FIXED_ROWS_CONFIG}
     assert fixed_cache.parent == loaded_cache and loaded_cache.parent == tmp_path / "compiled"
     assert any(fixed_cache.iterdir())  # the fixed model's blob went there
+    run(5, 7)  # another number of points: the same model, no compile
     pool = b.zeros((8, 1), np.float32)
     run(5, 2, into=b.rows(pool, 2, 5))  # outputs straight into a pool view, as with dynamic shapes
     run(2, 3)  # one call at 2 rows: the dynamic model
     assert b.row_compiles["points"] == 1
     run(2, 3)
-    assert not graph.rows.models and graph.rows.pending.key == (2,)  # 5's model dropped as 2's compiles
+    assert b.row_compiles["points"] == 2 and list(graph.rows.models) == [(2,)]  # 5's model dropped
     for n in (5, 2, 5, 2, 5, 2):  # a count between settled calls never settles: no compile, no thrash
         run(n, 3)
     assert b.row_compiles["points"] == 2 and list(graph.rows.models) == [(2,)]
@@ -265,7 +260,7 @@ def test_rows_shapes_compile_a_graph_again_once_its_row_counts_settle(tmp_path, 
     graph.rows.models.clear()
     graph.rows.compile_rows = refuse
     with caplog.at_level("WARNING", logger="sam3track"):
-        for _ in range(2 + ov_rows.ROWS_LAG):
+        for _ in range(3):
             run(4, 3)
     assert "graph points did not compile with its rows fixed at (4,) (no such kernel); it runs on" in caplog.text
     assert "onnxruntime" not in caplog.text  # the graph runs on here: no advice to change backend
@@ -276,7 +271,7 @@ def test_rows_shapes_compile_a_graph_again_once_its_row_counts_settle(tmp_path, 
     deferred._deferred = frozenset({"points"})
     graph = deferred.load("points", points_graph(tmp_path))
     assert graph.compiled is None
-    for _ in range(2 + ov_rows.ROWS_LAG):
+    for _ in range(3):
         deferred.run(graph, {"x": _rand(3, 4)})
     assert deferred.row_compiles["points"] == 1 and list(graph.rows.models) == [(3,)]
     deferred.close()
@@ -286,41 +281,6 @@ def test_rows_shapes_compile_a_graph_again_once_its_row_counts_settle(tmp_path, 
         plain.run(graph, {"x": _rand(3, 4)})
     assert graph.rows is None and not plain.row_compiles
     plain.close()
-
-
-def test_rows_shapes_compile_beside_the_calls_and_switch_at_a_fixed_call(tmp_path):
-    """A settled count's compile runs beside the calls: the calls before ROWS_LAG run on the dynamic
-    model while it compiles, the ROWS_LAG-th waits for it if it still runs, so the call that first runs
-    on the fixed model never depends on the compile's speed; close() waits for a compile in flight."""
-    b = create_backend("openvino", "cpu", shapes="rows")
-    graph = b.load("points", points_graph(tmp_path))
-    started, release = threading.Event(), threading.Event()
-    compile_rows = graph.rows.compile_rows
-
-    def held(rows):  # a compile that runs until the test lets it finish
-        started.set()
-        assert release.wait(30), "the calls waited for the compile before its ROWS_LAG-th call"
-        return compile_rows(rows)
-
-    graph.rows.compile_rows = held
-    for _ in range(ov_rows.ROWS_SETTLED):
-        b.run(graph, {"x": _rand(4, 3)})
-    assert started.wait(30) and graph.rows.pending.is_alive()
-    for _ in range(ov_rows.ROWS_LAG - 1):  # on the dynamic model, the compile still held
-        b.run(graph, {"x": _rand(4, 3)})
-    assert graph.rows.pending.is_alive() and not graph.rows.models
-    threading.Timer(0.2, release.set).start()  # the next call waits for the compile, then runs on it
-    b.run(graph, {"x": _rand(4, 3)})
-    assert list(graph.rows.models) == [(4,)] and graph.rows.pending is None and graph.released_for == 1
-    started.clear()
-    release.clear()
-    for n in (6, 6):  # another count settles; the backend closes while its compile runs
-        b.run(graph, {"x": _rand(n, 3)})
-    assert started.wait(30)
-    pending = graph.rows.pending
-    threading.Timer(0.2, release.set).start()
-    b.close()
-    assert not pending.is_alive() and graph.rows.pending is None and not graph.rows.models
 
 
 def test_static_gears_pad_calls_and_never_refuse_a_size(tmp_path):
