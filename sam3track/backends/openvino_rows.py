@@ -6,10 +6,10 @@ graph of both families puts them first). With them fixed, OpenVINO's CPU plugin 
 as for static shapes (faster calls: the decoders and the memory encoder at many objects), while the axes
 that move from frame to frame (memories and pointers per object, points) stay dynamic, so no memory
 depth costs a compile as with shapes="static". The pools' rows are fixed too: a SAM 3 pool never changes
-size, a SAM 3.1 pool doubles as it grows (one compile each time). Only counts seen on ROWS_SETTLED calls in a row are compiled (from OpenVINO's cache where
-seen before), never at fewer than ROWS_MIN rows (SAM 3.1's tracker graphs take 16 objects a row, a
-bucket: fixed from two), and one such model is kept per graph (each holds its own buffers and its own
-copy of the weights). docs/speed.md, "Rows fixed".
+size, a SAM 3.1 pool doubles as it grows (one compile each time). Only counts seen on ROWS_SETTLED calls
+in a row are compiled (from OpenVINO's cache where seen before), never at fewer than ROWS_MIN rows (SAM
+3.1's tracker graphs take 16 objects a row, a bucket: fixed from two), and one such model is kept per
+graph (each holds its own buffers and its own copy of the weights). docs/speed.md, "Rows fixed".
 """
 
 from __future__ import annotations
